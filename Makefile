@@ -1,0 +1,30 @@
+# Two entry points (see README): `make book` and `make test`. Both create .venv on first use.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+PROFILE ?= cpu
+DEVICE ?= cpu
+
+.PHONY: book test venv clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# CPU wheel; install first so nothing pulls an unpinned (CUDA) torch.
+	$(BIN)/pip install --quiet torch==2.13.0
+	# esm declares torchvision/torchtext builds that fail to import beside CPU torch: no deps.
+	$(BIN)/pip install --quiet --no-deps esm==3.2.1.post1
+	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/python -c "import torch, esm, mimdm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $@
+
+book: venv
+	$(BIN)/mimdm book --profile $(PROFILE) --device $(DEVICE)
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf _build book/_build

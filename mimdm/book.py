@@ -1,0 +1,105 @@
+"""The main job: train what the chapters need, execute every chapter with papermill, build the HTML book.
+
+``mimdm book --profile cpu`` (what ``make book`` runs) executes the chapter notebooks *in place*
+under ``book/`` (so the committed notebooks are the executed ones), writes their headline numbers
+to ``book/results/*.json`` and builds ``_build/html`` with ``jupyter-book build -W``. Trained
+artifacts are cached by configuration (see `mimdm.artifacts`), so a rerun does not retrain.
+Tests run the same job with the ``smoke`` profile on a copy of the book (`copy_book_sources`).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .artifacts import REPO_ROOT
+from .device import resolve_device
+from .profiles import get_profile
+
+#: Chapter notebooks in reading order (paths relative to the book root); keep in sync with _toc.yml.
+CHAPTERS = ["book/01_ground_truth_mi.ipynb"]
+
+
+def prepare_artifacts(profile: str, device: str = "cpu", progress: bool = True) -> None:
+    """Train (or find in the cache) every model the chapters need, with progress bars in the terminal."""
+    from .models.zoo import load_or_train_sudoku_mdm
+
+    p = get_profile(profile)
+    _, rec = load_or_train_sudoku_mdm(p.sudoku_model, p.sudoku_train, device=device,
+                                      n_eval=p.solve_eval_puzzles, progress=progress)
+    print(f"[mimdm] Sudoku MDM ({rec['n_parameters']:,} parameters): solve rate "
+          f"{rec['eval']['solve_rate']:.3f} on {rec['eval']['n_puzzles']} puzzles -> {rec['path']}", flush=True)
+
+
+def execute_chapters(root: Path, profile: str, device: str = "cpu", chapters: list[str] | None = None,
+                     progress: bool = True) -> list[Path]:
+    """Execute chapter notebooks in place with papermill (parameters ``profile``, ``device``).
+
+    Raises:
+        FileNotFoundError: a chapter notebook is missing.
+        papermill.PapermillExecutionError: a chapter failed (the message names the cell).
+    """
+    import papermill as pm
+
+    root = Path(root)
+    done = []
+    for ch in chapters or CHAPTERS:
+        nb = root / ch
+        if not nb.is_file():
+            raise FileNotFoundError(f"chapter notebook not found: {nb}")
+        t0 = time.perf_counter()
+        print(f"[mimdm] executing {ch} (profile={profile}, device={device})", flush=True)
+        pm.execute_notebook(str(nb), str(nb), parameters={"profile": profile, "device": device},
+                            cwd=str(nb.parent), kernel_name="python3", progress_bar=progress)
+        print(f"[mimdm] {ch} done in {time.perf_counter() - t0:.0f} s", flush=True)
+        done.append(nb)
+    return done
+
+
+def build_html(root: Path, warnings_as_errors: bool = True) -> Path:
+    """``jupyter-book build`` of the book at ``root``; returns ``_build/html/index.html``.
+
+    Raises:
+        RuntimeError: the build failed (its output is printed).
+    """
+    root = Path(root)
+    exe = Path(sys.executable).with_name("jupyter-book")
+    cmd = [str(exe) if exe.exists() else "jupyter-book", "build", str(root)]
+    if warnings_as_errors:
+        cmd += ["-W", "-n", "--keep-going"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(proc.stdout[-20000:], proc.stderr[-20000:], sep="\n")
+        raise RuntimeError(f"jupyter-book build failed (exit {proc.returncode}); see the output above")
+    index = root / "_build" / "html" / "index.html"
+    if not index.is_file():
+        raise RuntimeError(f"build finished but {index} is missing")
+    return index
+
+
+def copy_book_sources(dst: Path, src: Path = REPO_ROOT) -> Path:
+    """Copy ``_config.yml``, ``_toc.yml`` and ``book/`` (without build outputs) to ``dst``."""
+    dst = Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in ("_config.yml", "_toc.yml"):
+        shutil.copy2(src / f, dst / f)
+    shutil.copytree(src / "book", dst / "book", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("_build", ".ipynb_checkpoints", "__pycache__"))
+    return dst
+
+
+def run_book(profile: str = "cpu", device: str = "cpu", root: Path = REPO_ROOT, chapters: list[str] | None = None,
+             execute: bool = True, build: bool = True, progress: bool = True) -> Path | None:
+    """The main job: prepare artifacts, execute chapters, build HTML. Returns the index path if built."""
+    resolve_device(device)  # fail early on a wrong device
+    get_profile(profile)
+    t0 = time.perf_counter()
+    if execute:
+        prepare_artifacts(profile, device, progress)
+        execute_chapters(root, profile, device, chapters, progress)
+    index = build_html(root) if build else None
+    print(f"[mimdm] book done in {time.perf_counter() - t0:.0f} s" + (f": {index}" if index else ""), flush=True)
+    return index

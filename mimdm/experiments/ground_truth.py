@@ -1,0 +1,172 @@
+"""Chapter 1 (ground-truth MI): the measurements, as tested functions.
+
+Every function returns plain numbers/arrays that the chapter plots and states; the chapter
+itself holds no computation.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from ..data import sudoku as sd
+from ..metrics import correlation, graph_recovery, pair_values
+from ..models.base import MaskedModel
+from ..models.oracle import TableJointMDM, potts_chain_log_joint
+from ..models.zoo import grids_to_tokens
+from ..probing import probe_mi
+from ..sudoku_mi import EMPTY_GRID_UNIT_MI, band_stack_pairs, data_mi, masked_contexts, sample_data_mi
+
+
+def oracle_exactness(n_contexts: int = 30, length: int = 6, n_values: int = 3, seed: int = 0) -> dict:
+    """Probing on an exact oracle MDM (Potts chain) against the closed-form conditional MI.
+
+    Draws ``n_contexts`` contexts with random masking rates, probes them, and compares with
+    `TableJointMDM.exact_mi`. Returns ``{"max_abs_error", "max_asymmetry", "max_mi", "mean_mi",
+    "n_contexts", "nfe_mean", "length", "n_values"}`` (nats, passes).
+    """
+    g = torch.Generator().manual_seed(seed)
+    model = TableJointMDM.from_table(potts_chain_log_joint(length, n_values, coupling=1.5, generator=g))
+    states = torch.randint(0, n_values, (n_contexts, length), generator=g)
+    rate = torch.rand(n_contexts, 1, generator=g) * 0.8 + 0.2
+    masked = torch.rand(n_contexts, length, generator=g) < rate
+    masked[:, 0] = True  # at least two masked positions per context
+    masked[:, -1] = True
+    tokens = states.masked_fill(masked, model.mask_id)
+    res = probe_mi(model, tokens)
+    exact = torch.stack([model.exact_mi(t) for t in tokens])
+    return {
+        "max_abs_error": float((res.mi - exact).abs().max()),
+        "max_asymmetry": float(res.asymmetry.max()),
+        "max_mi": float(exact.max()),
+        "mean_mi": float(exact[exact > 0].mean()),
+        "n_contexts": n_contexts, "nfe_mean": float(res.nfe.float().mean()),
+        "length": length, "n_values": n_values,
+    }
+
+
+def empty_grid_check(model: MaskedModel, n_reference_grids: int = 200_000, seed: int = 0) -> dict:
+    """Probe the fully masked grid and compare with the true MI of uniformly random solution grids.
+
+    Returns the probed ``mi`` (``[81, 81]`` tensor) and summary numbers: mean model MI of
+    same-unit pairs vs the closed form ln(81/72); of same-band/stack pairs with no common unit
+    vs a Monte Carlo estimate from ``n_reference_grids`` random grids; of the remaining pairs;
+    AUROC of the map against the constraint graph; NFE and seconds.
+    """
+    tokens = torch.full((1, 81), model.mask_id, dtype=torch.long, device=model.device)
+    res = probe_mi(model, tokens)
+    mi = res.mi[0].cpu()
+    graph = torch.from_numpy(sd.constraint_graph())
+    bs = torch.from_numpy(band_stack_pairs())
+    other = ~graph & ~bs & ~torch.eye(81, dtype=torch.bool)
+    ref = sample_data_mi(n_reference_grids, np.random.default_rng(seed))
+    rec = graph_recovery(mi, torch.ones(81, dtype=torch.bool), graph)
+    return {
+        "mi": mi,
+        "unit_mi_model": float(mi[graph].mean()), "unit_mi_true": EMPTY_GRID_UNIT_MI,
+        "unit_mi_sampled": float(ref[graph].mean()),
+        "band_stack_mi_model": float(mi[bs].mean()), "band_stack_mi_sampled": float(ref[bs].mean()),
+        "other_mi_model": float(mi[other].mean()), "other_mi_sampled": float(ref[other].mean()),
+        "auroc": rec["auroc"], "average_precision": rec["average_precision"],
+        "max_asymmetry": float(res.asymmetry.max()), "nfe": int(res.nfe[0]), "seconds": res.seconds,
+    }
+
+
+def probe_levels(model: MaskedModel, mask_rates: list[float], n_contexts: int, seed: int = 1,
+                 batch_tokens: int = 81 * 512) -> list[dict]:
+    """Probe ``n_contexts`` random-solution contexts at each masking rate.
+
+    Returns one dict per rate: ``grids`` (``[n, 81]`` int8), ``mi`` (``[n, 81, 81]``),
+    ``masked``, and the means over contexts of AUROC / average precision against the constraint
+    graph, MI of constrained and unconstrained masked pairs, asymmetry; NFE and seconds per context.
+    """
+    rng = np.random.default_rng(seed)
+    sols = sd.random_solutions(n_contexts, rng)
+    graph = sd.constraint_graph()
+    out = []
+    for rate in mask_rates:
+        grids = masked_contexts(sols, rate, rng)
+        res = probe_mi(model, grids_to_tokens(grids, model.device), batch_tokens=batch_tokens)
+        recs = [graph_recovery(res.mi[b], res.masked[b], graph) for b in range(len(grids))]
+        asym = [pair_values(res.asymmetry[b], res.masked[b]).mean() for b in range(len(grids))]
+        out.append({
+            "mask_rate": rate, "n_masked": int(res.masked[0].sum()), "grids": grids,
+            "mi": res.mi.cpu(), "masked": res.masked.cpu(), "entropy": res.entropy.cpu(),
+            **{k: float(np.nanmean([r[k] for r in recs])) for k in
+               ("auroc", "average_precision", "mean_mi_edge", "mean_mi_non_edge")},
+            "mean_asymmetry": float(np.mean(asym)),
+            "nfe_per_context": float(res.nfe.float().mean()), "seconds_per_context": res.seconds / len(grids),
+        })
+    return out
+
+
+def model_vs_data(model: MaskedModel, n_contexts: int, clues: tuple[int, int], seed: int = 2,
+                  max_completions: int = 200_000, max_attempts: int | None = None) -> dict:
+    """The model's probed MI against the true data MI from enumerated completions.
+
+    Draws partial grids (a random solution with a uniformly random subset of clues, clue count
+    uniform in ``clues``), keeps those with at least 2 and at most ``max_completions``
+    completions, and returns per context the MI of all blank pairs under the model and under the
+    uniform distribution over completions.
+
+    Returns:
+        ``{"contexts": [{"grid", "n_completions", "model_mi", "data_mi", **correlation}],
+        "pooled": correlation over all pairs, "n_skipped_too_many", "n_skipped_unique"}``.
+    """
+    rng = np.random.default_rng(seed)
+    contexts, too_many, unique = [], 0, 0
+    attempts = 0
+    max_attempts = max_attempts or 20 * n_contexts
+    while len(contexts) < n_contexts and attempts < max_attempts:
+        attempts += 1
+        n = int(rng.integers(clues[0], clues[1] + 1))
+        grid = sd.random_partial(sd.random_solutions(1, rng)[0], n, rng)
+        try:
+            dmi, k = data_mi(grid, max_completions)
+        except sd.SudokuError:
+            too_many += 1
+            continue
+        if k < 2:
+            unique += 1
+            continue
+        res = probe_mi(model, grids_to_tokens(grid[None], model.device))
+        blank = torch.from_numpy(grid == 0)
+        m = pair_values(res.mi[0].cpu(), blank)
+        d = pair_values(dmi, blank)
+        contexts.append({"grid": grid, "n_clues": n, "n_completions": k, "model_mi": m, "data_mi": d, **correlation(m, d)})
+    pooled = correlation(np.concatenate([c["model_mi"] for c in contexts]), np.concatenate([c["data_mi"] for c in contexts])) if contexts else {}
+    return {"contexts": contexts, "pooled": pooled, "n_skipped_too_many": too_many, "n_skipped_unique": unique}
+
+
+def pruning_sweep(model: MaskedModel, grids: np.ndarray, deltas: list[float], batch_tokens: int = 81 * 512) -> list[dict]:
+    """Effect of top-value pruning: NFE, seconds and MI error (vs delta = 0) for each delta.
+
+    Returns one dict per delta: ``delta, nfe_per_context, seconds_per_context, mae, max_abs_error,
+    pearson`` over masked pairs of all contexts (nats).
+    """
+    tokens = grids_to_tokens(grids, model.device)
+    ref = probe_mi(model, tokens, batch_tokens=batch_tokens)
+    ref_v = np.concatenate([pair_values(ref.mi[b], ref.masked[b]) for b in range(len(grids))])
+    out = []
+    for d in deltas:
+        r = ref if d == 0 else probe_mi(model, tokens, delta=d, batch_tokens=batch_tokens)
+        v = np.concatenate([pair_values(r.mi[b], r.masked[b]) for b in range(len(grids))])
+        c = correlation(v, ref_v)
+        out.append({"delta": d, "nfe_per_context": float(r.nfe.float().mean()),
+                    "seconds_per_context": r.seconds / len(grids), "mae": c["mae"],
+                    "max_abs_error": c["max_abs_error"], "pearson": c["pearson"]})
+    return out
+
+
+@torch.no_grad()
+def forward_throughput(model: MaskedModel, batch: int = 512, repeats: int = 3) -> float:
+    """Raw model throughput in sequences (forward passes) per second at batch size ``batch``."""
+    x = torch.full((batch, model.max_len), model.mask_id, dtype=torch.long, device=model.device)
+    model.log_probs(x)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        model.log_probs(x)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    return batch * repeats / (time.perf_counter() - t0)

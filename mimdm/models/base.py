@@ -1,0 +1,121 @@
+"""The `MaskedModel` interface that every model of the study meets.
+
+A masked diffusion model (MDM) reads integer tokens ``tokens_BL`` in which some positions hold
+the mask id, and returns, for every position, logits over that position's *value set* (the V
+values a position can take: 9 digits for Sudoku, 20 amino acids for proteins) together with
+hidden states. Probing, the MI head, the samplers and the likelihood estimators only use this
+interface, so any model that meets it (the Sudoku transformer, ESM-C, an oracle built from an
+explicit joint distribution) can be studied the same way.
+
+Token space vs value space: a model's tokens may include ids that are not values (mask, padding,
+special tokens). ``value_token_ids[v]`` is the token id that writes value ``v`` into a position,
+so filling position j with value v is ``tokens[:, j] = value_token_ids[v]``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass
+class MDMOutput:
+    """What a `MaskedModel` returns.
+
+    Attributes:
+        logits: ``[B, L, V]`` float, unnormalised log-probabilities over the value set.
+        hidden: ``[B, L, D]`` float, hidden states of the requested layer.
+    """
+
+    logits: Tensor
+    hidden: Tensor
+
+
+class MaskedModel(nn.Module):
+    """Base class of every MDM in the study.
+
+    Subclasses set ``vocab`` (names of the V values), ``mask_id``, ``max_len``, ``hidden_dim``,
+    register a buffer ``value_token_ids`` (``[V]`` long) and implement `_forward`.
+
+    Calling the model validates its input (see `check_tokens`) and returns an `MDMOutput`.
+    """
+
+    vocab: tuple[str, ...]
+    mask_id: int
+    max_len: int
+    hidden_dim: int
+    value_token_ids: Tensor
+    n_tokens: int  # size of the token space (ids 0..n_tokens-1 are accepted as input)
+
+    @property
+    def n_values(self) -> int:
+        """V, the size of the value set."""
+        return len(self.vocab)
+
+    @property
+    def device(self) -> torch.device:
+        return self.value_token_ids.device
+
+    def legal_values(self, length: int) -> Tensor:
+        """Which values are legal at each position: ``[L, V]`` bool (all True by default)."""
+        return torch.ones(length, self.n_values, dtype=torch.bool, device=self.device)
+
+    def is_masked(self, tokens_BL: Tensor) -> Tensor:
+        """``[B, L]`` bool, True where the token is the mask id."""
+        return tokens_BL == self.mask_id
+
+    def check_tokens(self, tokens_BL: Tensor) -> None:
+        """Validate model input.
+
+        Raises:
+            TypeError: tokens are not an integer tensor.
+            ValueError: wrong number of dimensions, length above ``max_len``, ids out of range.
+            RuntimeError: tokens on a different device from the model.
+        """
+        if not isinstance(tokens_BL, Tensor) or tokens_BL.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"tokens must be an int64/int32 tensor, got {getattr(tokens_BL, 'dtype', type(tokens_BL))}")
+        if tokens_BL.dim() != 2:
+            raise ValueError(f"tokens must have shape [B, L], got {tuple(tokens_BL.shape)}")
+        if tokens_BL.shape[1] > self.max_len:
+            raise ValueError(
+                f"sequence length {tokens_BL.shape[1]} exceeds the model's maximum {self.max_len}; "
+                "nothing is truncated silently: shorten the input"
+            )
+        if tokens_BL.device != self.device:
+            raise RuntimeError(
+                f"tokens are on {tokens_BL.device} but the model is on {self.device}; "
+                "move one of them (e.g. tokens.to(model.device))"
+            )
+        if tokens_BL.numel() and (int(tokens_BL.min()) < 0 or int(tokens_BL.max()) >= self.n_tokens):
+            raise ValueError(
+                f"token ids must lie in [0, {self.n_tokens}), got range "
+                f"[{int(tokens_BL.min())}, {int(tokens_BL.max())}]"
+            )
+
+    def forward(self, tokens_BL: Tensor, layer: int = -1) -> MDMOutput:
+        """Run the MDM.
+
+        Args:
+            tokens_BL: ``[B, L]`` long token ids; masked positions hold ``mask_id``.
+            layer: which layer's hidden states to return (-1: the final, normalised one;
+                0: the embeddings; k: after block k).
+
+        Returns:
+            `MDMOutput` with ``logits [B, L, V]`` and ``hidden [B, L, D]``.
+        """
+        self.check_tokens(tokens_BL)
+        return self._forward(tokens_BL.long(), layer)
+
+    def _forward(self, tokens_BL: Tensor, layer: int) -> MDMOutput:  # pragma: no cover
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def log_probs(self, tokens_BL: Tensor) -> Tensor:
+        """``[B, L, V]`` log-probabilities (float32, or float64 if the model computes in float64), illegal values -inf."""
+        logits = self(tokens_BL).logits
+        if logits.dtype != torch.float64:
+            logits = logits.float()
+        legal = self.legal_values(tokens_BL.shape[1])
+        logits = logits.masked_fill(~legal, float("-inf"))
+        return torch.log_softmax(logits, dim=-1)

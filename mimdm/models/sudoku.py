@@ -1,0 +1,112 @@
+"""A bidirectional transformer MDM for Sudoku with row/column/box embeddings.
+
+Tokens: 0..8 are the digits 1..9, 9 is the mask. Every cell gets the sum of a token embedding
+and learned row, column and box embeddings (without these the model learns the rules far more
+slowly: measured on 2 CPU cores, loss still ~2.0 after 15 min); then pre-norm transformer
+encoder blocks with full (bidirectional) attention, a final LayerNorm, and a linear read-out to
+the 9 digits.
+
+Configurations (`SudokuMDMConfig`): ``paper()`` is the paper's 4 layers, d=384, 12 heads, FF 512
+(3.97M parameters here; the paper reports 4.16M for its variant); ``cpu()`` is a ~1M-parameter
+model that trains to >= 90% solved 30-35-clue puzzles in about 20 minutes on 2 cores.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor, nn
+
+from .base import MaskedModel, MDMOutput
+
+N_CELLS = 81
+MASK_ID = 9
+DIGITS = tuple("123456789")
+
+
+@dataclass(frozen=True)
+class SudokuMDMConfig:
+    """Architecture of the Sudoku MDM (all sizes in units, dropout a probability)."""
+
+    d_model: int = 128
+    n_layers: int = 5
+    n_heads: int = 4
+    d_ff: int = 512
+    dropout: float = 0.0
+
+    @classmethod
+    def paper(cls) -> "SudokuMDMConfig":
+        """The paper's configuration: 4 layers, d=384, 12 heads, FF 512."""
+        return cls(d_model=384, n_layers=4, n_heads=12, d_ff=512)
+
+    @classmethod
+    def cpu(cls) -> "SudokuMDMConfig":
+        """~1M parameters; trains on 2 CPU cores in ~20 min to >= 90% solve rate."""
+        return cls(d_model=128, n_layers=5, n_heads=4, d_ff=512)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _cell_coords() -> tuple[Tensor, Tensor, Tensor]:
+    idx = torch.arange(N_CELLS)
+    row, col = idx // 9, idx % 9
+    box = (row // 3) * 3 + col // 3
+    return row, col, box
+
+
+class SudokuMDM(MaskedModel):
+    """Sudoku MDM (see module docstring). Input ``[B, 81]`` tokens in 0..9, output logits ``[B, 81, 9]``."""
+
+    vocab = DIGITS
+    mask_id = MASK_ID
+    max_len = N_CELLS
+    n_tokens = 10
+
+    def __init__(self, config: SudokuMDMConfig = SudokuMDMConfig()):
+        super().__init__()
+        self.config = config
+        d = config.d_model
+        self.hidden_dim = d
+        self.register_buffer("value_token_ids", torch.arange(9), persistent=False)
+        row, col, box = _cell_coords()
+        self.register_buffer("row", row, persistent=False)
+        self.register_buffer("col", col, persistent=False)
+        self.register_buffer("box", box, persistent=False)
+        self.tok_emb = nn.Embedding(self.n_tokens, d)
+        self.row_emb = nn.Embedding(9, d)
+        self.col_emb = nn.Embedding(9, d)
+        self.box_emb = nn.Embedding(9, d)
+        self.blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(
+                d, config.n_heads, config.d_ff, config.dropout,
+                activation="gelu", batch_first=True, norm_first=True,
+            )
+            for _ in range(config.n_layers)
+        )
+        self.norm = nn.LayerNorm(d)
+        self.out = nn.Linear(d, 9)
+        for emb in (self.tok_emb, self.row_emb, self.col_emb, self.box_emb):
+            nn.init.normal_(emb.weight, std=0.02)
+
+    def n_parameters(self) -> int:
+        """Number of trainable parameters."""
+        return sum(p.numel() for p in self.parameters())
+
+    def _forward(self, tokens_BL: Tensor, layer: int) -> MDMOutput:
+        L = tokens_BL.shape[1]
+        if L != N_CELLS:
+            raise ValueError(f"a Sudoku grid has 81 cells, got sequences of length {L}")
+        n = len(self.blocks)
+        if not -1 <= layer <= n:
+            raise ValueError(f"layer must be -1 or in [0, {n}], got {layer}")
+        h = self.tok_emb(tokens_BL) + (self.row_emb(self.row) + self.col_emb(self.col) + self.box_emb(self.box))
+        hidden = h if layer == 0 else None
+        for k, block in enumerate(self.blocks, start=1):
+            h = block(h)
+            if k == layer:
+                hidden = h
+        h = self.norm(h)
+        if hidden is None:
+            hidden = h
+        return MDMOutput(logits=self.out(h), hidden=hidden)

@@ -1,0 +1,96 @@
+"""Run profiles: ``smoke`` (CI, minutes), ``cpu`` (the default main job on 2 cores), ``paper`` (GPU, paper scale).
+
+A profile is data, not code: each chapter reads the settings it needs from `get_profile` and
+records the whole profile in its results file, so a number in the book can be traced to the
+settings that produced it.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .models.sudoku import SudokuMDMConfig
+from .models.training import TrainConfig
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Settings of one run of the study.
+
+    Attributes:
+        name: ``smoke`` | ``cpu`` | ``paper``.
+        sudoku_model: architecture of the Sudoku MDM.
+        sudoku_train: its training settings.
+        solve_eval_puzzles: number of 30-35-clue unique puzzles used to measure the solve rate.
+        probe_contexts: contexts per masking level in the ground-truth MI chapter.
+        probe_batch_tokens: token budget of one probing forward (batch size x length): the
+            memory budget of probing.
+        enum_contexts: partial grids whose completions are enumerated for the true data MI.
+        enum_clues: clue counts of those grids (under-determined: several completions).
+        max_completions: bound of the completion enumeration.
+        reference_grids: random solution grids for the Monte Carlo empty-grid reference MI.
+        prune_deltas: top-value pruning thresholds compared in the probing-cost section.
+    """
+
+    name: str
+    sudoku_model: SudokuMDMConfig
+    sudoku_train: TrainConfig
+    solve_eval_puzzles: int = 200
+    probe_contexts: int = 8
+    probe_batch_tokens: int = 81 * 512
+    enum_contexts: int = 12
+    enum_clues: tuple[int, int] = (24, 28)
+    max_completions: int = 100_000
+    reference_grids: int = 200_000
+    prune_deltas: tuple[float, ...] = (0.0, 1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.2)
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PROFILES: dict[str, Profile] = {
+    "smoke": Profile(
+        name="smoke",
+        sudoku_model=SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64),
+        sudoku_train=TrainConfig(steps=60, batch_size=32, warmup=10, ckpt_every=30, log_every=10),
+        solve_eval_puzzles=10,
+        probe_contexts=2,
+        enum_contexts=3,
+        enum_clues=(28, 30),
+        max_completions=20_000,
+        reference_grids=20_000,
+        prune_deltas=(0.0, 1e-2, 0.1),
+    ),
+    "cpu": Profile(
+        name="cpu",
+        sudoku_model=SudokuMDMConfig.cpu(),
+        sudoku_train=TrainConfig(steps=4500, batch_size=64, lr=1e-3, warmup=200),
+        solve_eval_puzzles=200,
+        probe_contexts=8,
+        enum_contexts=16,
+        enum_clues=(22, 28),
+    ),
+    "paper": Profile(
+        name="paper",
+        sudoku_model=SudokuMDMConfig.paper(),
+        sudoku_train=TrainConfig(steps=20000, batch_size=256, lr=5e-4, warmup=500, ckpt_every=1000),
+        solve_eval_puzzles=1000,
+        probe_contexts=64,
+        probe_batch_tokens=81 * 4096,
+        enum_contexts=48,
+        enum_clues=(22, 28),
+        max_completions=1_000_000,
+    ),
+}
+
+
+def get_profile(name: str) -> Profile:
+    """The profile called ``name``.
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones).
+    """
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown profile {name!r}; choose one of {sorted(PROFILES)}") from None

@@ -1,0 +1,51 @@
+"""End to end: the main job under the `smoke` profile on a copy of the book, and the -W HTML build."""
+import json
+import re
+
+import nbformat
+import pytest
+import yaml
+
+from mimdm.artifacts import REPO_ROOT
+from mimdm.book import CHAPTERS, copy_book_sources, run_book
+
+
+def test_toc_lists_every_chapter_notebook():
+    toc = yaml.safe_load((REPO_ROOT / "_toc.yml").read_text())
+    listed = {c["file"] for c in toc["chapters"]}
+    on_disk = {str(p.relative_to(REPO_ROOT).with_suffix("")) for p in (REPO_ROOT / "book").glob("*.ipynb")}
+    assert on_disk == listed == {c.removesuffix(".ipynb") for c in CHAPTERS}
+
+
+def test_chapters_have_a_papermill_parameters_cell():
+    for ch in CHAPTERS:
+        nb = nbformat.read(REPO_ROOT / ch, 4)
+        params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+        assert len(params) == 1, ch
+        for name in ("profile", "device", "seed"):
+            assert re.search(rf"^{name}\s*=", params[0].source, re.M), (ch, name)
+
+
+def test_committed_results_come_from_a_full_run():
+    for path in (REPO_ROOT / "book" / "results").glob("*.json"):
+        rec = json.loads(path.read_text())
+        assert rec["profile"] in ("cpu", "paper"), f"{path.name} comes from profile {rec['profile']!r}"
+
+
+@pytest.mark.slow
+def test_smoke_book_runs_and_builds(tmp_path):
+    root = copy_book_sources(tmp_path / "book_copy")
+    index = run_book("smoke", "cpu", root=root, progress=False)
+    assert index.is_file()
+    res = json.loads((root / "book" / "results" / "ground_truth_mi.json").read_text())
+    assert res["profile"] == "smoke"
+    v = res["values"]
+    assert v["oracle"]["max_abs_error"] < 1e-6
+    assert len(v["levels"]) == 4 and all(0 <= lv["auroc"] <= 1 for lv in v["levels"])
+    nb = nbformat.read(root / CHAPTERS[0], 4)
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors
+    pngs = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert pngs >= 5
+    html = (root / "_build" / "html" / "book" / "01_ground_truth_mi.html").read_text()
+    assert "Ground-truth MI" in html and html.count("<img") >= 5

@@ -1,0 +1,162 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from mimdm.artifacts import load_checkpoint
+from mimdm.data import sudoku as sd
+from mimdm.device import resolve_device
+from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
+from mimdm.models.training import TrainConfig, mask_tokens, mdm_loss, train_mdm
+from mimdm.models.zoo import (grids_to_tokens, load_or_train_sudoku_mdm, load_sudoku_mdm, sudoku_batch,
+                              tokens_to_grids)
+from mimdm.sampling import decode_sequential
+
+TINY = SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)
+
+
+def test_parameter_counts_of_named_configs():
+    assert SudokuMDM(SudokuMDMConfig.paper()).n_parameters() == 3_966_473
+    n = SudokuMDM(SudokuMDMConfig.cpu()).n_parameters()
+    assert 0.9e6 < n < 1.1e6
+
+
+def test_forward_shapes_and_layers():
+    m = SudokuMDM(TINY).eval()
+    x = torch.randint(0, 10, (3, 81))
+    out = m(x)
+    assert out.logits.shape == (3, 81, 9) and out.hidden.shape == (3, 81, 32)
+    assert m(x, layer=0).hidden.shape == (3, 81, 32)
+    assert not torch.allclose(m(x, layer=1).hidden, m(x, layer=2).hidden)
+    lp = m.log_probs(x)
+    assert torch.allclose(lp.exp().sum(-1), torch.ones(3, 81), atol=1e-5)
+    assert m.legal_values(81).all() and m.n_values == 9 and m.mask_id == 9
+
+
+def test_bidirectional_every_cell_sees_every_other():
+    m = SudokuMDM(TINY).eval()
+    x = torch.full((1, 81), 9)
+    y = x.clone()
+    y[0, 80] = 3
+    d = (m(x).logits - m(y).logits).abs().sum(-1)[0]
+    assert (d[:80] > 0).all()  # changing the last cell changes the first one's prediction
+
+
+def test_bad_input_errors():
+    m = SudokuMDM(TINY)
+    with pytest.raises(ValueError, match="exceeds the model's maximum 81"):
+        m(torch.zeros(1, 82, dtype=torch.long))
+    with pytest.raises(ValueError, match="81 cells"):
+        m(torch.zeros(1, 80, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 10\)"):
+        m(torch.full((1, 81), 10))
+    with pytest.raises(TypeError, match="int64"):
+        m(torch.zeros(1, 81))
+    with pytest.raises(ValueError, match=r"shape \[B, L\]"):
+        m(torch.zeros(81, dtype=torch.long))
+
+
+def test_resolve_device_errors():
+    assert resolve_device("cpu").type == "cpu"
+    with pytest.raises(ValueError, match="not a device"):
+        resolve_device("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA is not available"):
+            resolve_device("cuda")
+
+
+def test_token_grid_roundtrip():
+    g = sd.random_solutions(4, np.random.default_rng(0))
+    g[:, ::3] = 0
+    t = grids_to_tokens(g)
+    assert (t[:, ::3] == 9).all()
+    assert np.array_equal(tokens_to_grids(t), g)
+
+
+def test_masking_rate_and_at_least_one_mask():
+    m = SudokuMDM(TINY)
+    gen = torch.Generator().manual_seed(0)
+    v = torch.randint(0, 9, (2000, 81))
+    t = torch.full((2000,), 0.3)
+    tok, masked = mask_tokens(v, m, t, gen)
+    assert abs(masked.float().mean().item() - 0.3) < 0.01
+    assert (tok[masked] == 9).all() and (tok[~masked] == v[~masked]).all()
+    _, masked = mask_tokens(v[:50], m, torch.full((50,), 1e-6), gen)
+    assert (masked.sum(1) == 1).all()
+
+
+def test_training_reduces_loss_and_resumes_identically(tmp_path):
+    cfg = TrainConfig(steps=40, batch_size=16, warmup=5, ckpt_every=10, log_every=10, lr=3e-3)
+    torch.manual_seed(0)
+    a = SudokuMDM(TINY)
+    init = {k: v.clone() for k, v in a.state_dict().items()}
+    log_a = train_mdm(a, sudoku_batch, cfg, tmp_path / "a.pt", progress=False)
+    assert len(log_a) == 4 and all(np.isfinite(e["loss"]) for e in log_a)
+    # interrupted run: stop at step 20 (between checkpoints 20 and 30), then resume in a fresh model
+    b = SudokuMDM(TINY)
+    b.load_state_dict(init)
+    train_mdm(b, sudoku_batch, cfg, tmp_path / "b.pt", progress=False, stop_after=20)
+    st = torch.load(tmp_path / "b.pt", weights_only=True)
+    assert st["step"] == 20
+    c = SudokuMDM(TINY)
+    log_c = train_mdm(c, sudoku_batch, cfg, tmp_path / "b.pt", progress=False)
+    assert [e["step"] for e in log_c] == [10, 20, 30, 40]
+    for k, v in a.state_dict().items():
+        assert torch.allclose(v, c.state_dict()[k], atol=1e-5), k
+
+
+def test_training_memorises_one_grid(tmp_path):
+    """A model trained on a single grid must drive the loss far below log 9 (uniform guessing)."""
+    grid = torch.from_numpy(sd.random_solutions(1, np.random.default_rng(3)).astype(np.int64) - 1)
+    torch.manual_seed(0)
+    m = SudokuMDM(TINY)
+    cfg = TrainConfig(steps=150, batch_size=16, warmup=5, lr=3e-3, log_every=25, ckpt_every=150)
+    log = train_mdm(m, lambda rng, n: grid.repeat(n, 1), cfg, tmp_path / "state.pt", progress=False)
+    assert log[0]["loss"] > 1.9
+    assert log[-1]["loss"] < 0.5
+
+
+def test_mdm_loss_weightings():
+    m = SudokuMDM(TINY)
+    v = torch.randint(0, 9, (8, 81))
+    for w in ("none", "mdlm"):
+        loss = mdm_loss(m, v, torch.Generator().manual_seed(0), weighting=w)
+        assert torch.isfinite(loss) and loss > 0
+    with pytest.raises(ValueError, match="unknown weighting"):
+        mdm_loss(m, v, torch.Generator(), weighting="elbo")
+
+
+def test_load_or_train_caches_and_checkpoint_loads_weights_only(tmp_path):
+    cfg = TrainConfig(steps=12, batch_size=8, warmup=2, ckpt_every=6, log_every=6)
+    m, rec = load_or_train_sudoku_mdm(TINY, cfg, n_eval=3, progress=False, root=tmp_path)
+    path = rec["path"]
+    ck = load_checkpoint(path)  # weights_only=True
+    assert ck["kind"] == "sudoku_mdm" and json.loads(ck["model_config"])["d_model"] == 32
+    assert len(rec["log"]) == 2 and rec["eval"]["n_puzzles"] == 3
+    # second call loads instead of training: same weights object values
+    m2, rec2 = load_or_train_sudoku_mdm(TINY, cfg, n_eval=3, progress=False, root=tmp_path, train=False)
+    assert rec2["path"] == path
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, m2.state_dict()[k])
+
+
+def test_missing_checkpoint_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+        load_sudoku_mdm(tmp_path / "nope.pt")
+    cfg = TrainConfig(steps=3)
+    with pytest.raises(FileNotFoundError, match="no trained Sudoku MDM"):
+        load_or_train_sudoku_mdm(TINY, cfg, root=tmp_path, train=False)
+
+
+def test_sequential_decoding_fills_every_mask_once_and_keeps_givens():
+    m = SudokuMDM(TINY).eval()
+    p = sd.make_puzzle(30, np.random.default_rng(0))
+    x = grids_to_tokens(np.stack([p.puzzle, p.puzzle]))
+    res = decode_sequential(m, x)
+    n_masked = int((p.puzzle == 0).sum())
+    assert (res.nfe == n_masked).all()
+    assert not (res.tokens == 9).any()
+    out = tokens_to_grids(res.tokens)
+    assert np.all(out[:, p.puzzle > 0] == p.puzzle[p.puzzle > 0])
+    assert sorted(res.order[0][res.order[0] >= 0].tolist()) == list(range(n_masked))

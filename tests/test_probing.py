@@ -1,0 +1,170 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mimdm.data import sudoku as sd
+from mimdm.metrics import correlation, graph_recovery, masked_pairs
+from mimdm.models.oracle import TableJointMDM, potts_chain_log_joint
+from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
+from mimdm.models.zoo import grids_to_tokens
+from mimdm.probing import pairwise_mi, probe_mi
+from mimdm.sudoku_mi import EMPTY_GRID_UNIT_MI, data_mi, masked_contexts, sample_data_mi
+
+
+@pytest.fixture(scope="module")
+def potts():
+    return TableJointMDM.from_table(potts_chain_log_joint(6, 3, coupling=1.5, generator=torch.Generator().manual_seed(1)))
+
+
+def _contexts(model, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    L, V = model.max_len, model.n_values
+    x = torch.randint(0, V, (n, L), generator=g)
+    masked = torch.rand(n, L, generator=g) < 0.6
+    masked[:, :2] = True
+    return x.masked_fill(masked, model.mask_id)
+
+
+def test_probing_equals_exact_conditional_mi_on_oracle(potts):
+    x = _contexts(potts, 12, 0)
+    res = probe_mi(potts, x)
+    for b in range(len(x)):
+        exact = potts.exact_mi(x[b])
+        assert (res.mi[b] - exact).abs().max() < 1e-6
+        assert res.asymmetry[b].max() < 1e-9  # one joint: I_{j->i} = I_{i->j}
+    assert res.mi.max() > 0.05  # the check is not vacuous: real dependence is present
+
+
+def test_exact_mi_closed_form_for_two_copies():
+    """X1 = X2 uniform over V values and independent X3: I(X1;X2) = ln V, others 0."""
+    V = 4
+    states = torch.tensor([[a, a, c] for a in range(V) for c in range(V)])
+    oracle = TableJointMDM.from_samples(states, V)
+    res = probe_mi(oracle, torch.full((1, 3), V))
+    assert res.mi[0, 0, 1].item() == pytest.approx(math.log(V), abs=1e-9)
+    assert res.mi[0, 0, 2].item() == pytest.approx(0.0, abs=1e-12)
+    assert res.nfe.item() == 1 + 3 * V
+
+
+def test_mi_properties_and_nfe(potts):
+    x = _contexts(potts, 8, 1)
+    res = probe_mi(potts, x)
+    mi = res.mi
+    assert torch.isfinite(mi).all() and (mi >= 0).all()
+    assert torch.allclose(mi, mi.transpose(1, 2))
+    assert (torch.diagonal(mi, dim1=1, dim2=2) == 0).all()
+    unmasked = ~res.masked
+    assert (mi[unmasked[:, :, None].expand_as(mi)] == 0).all()
+    # every probable value probed: NFE = 1 + Σ_j (#values with p > 0)
+    assert torch.equal(res.nfe, 1 + res.n_values.sum(1))
+    assert torch.equal(res.n_values, res.masked.long() * 3)
+    ent = res.entropy
+    assert ((ent >= 0) & (ent <= math.log(3) + 1e-9)).all() and (ent[unmasked] == 0).all()
+
+
+def test_batching_does_not_change_results(potts):
+    x = _contexts(potts, 5, 2)
+    a = probe_mi(potts, x, batch_tokens=6)  # one row per pass
+    b = probe_mi(potts, x, batch_tokens=10_000)
+    c = torch.stack([probe_mi(potts, x[i]).mi[0] for i in range(len(x))])
+    assert torch.allclose(a.mi, b.mi, atol=1e-12) and torch.allclose(b.mi, c, atol=1e-12)
+
+
+def test_pruning_reduces_nfe_with_small_error(potts):
+    x = _contexts(potts, 6, 3)
+    full = probe_mi(potts, x)
+    pr = probe_mi(potts, x, delta=0.3)
+    assert (pr.nfe <= full.nfe).all() and pr.nfe.sum() < full.nfe.sum()
+    assert (pr.mi - full.mi).abs().max() < 0.5
+
+
+def test_probe_errors(potts):
+    with pytest.raises(ValueError, match="delta"):
+        probe_mi(potts, torch.full((1, 6), 3), delta=1.0)
+    with pytest.raises(ValueError, match="exceeds the model's maximum"):
+        probe_mi(potts, torch.full((1, 7), 3))
+
+
+def test_probing_a_sudoku_completion_oracle_equals_data_mi():
+    """Oracle = uniform over the completions of a partial grid: probing reproduces the data MI exactly."""
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        grid = sd.random_partial(sd.random_solutions(1, rng)[0], 40, rng)
+        comps = sd.enumerate_completions(grid, max_solutions=5000)
+        if 3 <= len(comps) <= 2000:
+            break
+    else:
+        pytest.fail("no grid with a few completions found")
+    dmi, k = data_mi(grid)
+    assert k == len(comps)
+    oracle = TableJointMDM.from_samples(torch.from_numpy(comps.astype(np.int64) - 1), 9)
+    x = torch.from_numpy(np.where(grid == 0, 9, grid.astype(np.int64) - 1))[None]
+    res = probe_mi(oracle, x, batch_tokens=81 * 64)
+    assert (res.mi[0] - dmi).abs().max() < 1e-6
+    assert dmi.max() > 0.1
+
+
+def test_data_mi_of_deadly_pattern_is_ln2():
+    """Two completions differing by a swapped rectangle: the 4 blank cells are perfectly coupled."""
+    sol = sd.random_solutions(1, np.random.default_rng(0))[0].copy()
+    g = sol.reshape(9, 9)
+    # find rows r1, r2 in the same band and columns c1, c2 in different stacks with g[r1,c1]=g[r2,c2], g[r1,c2]=g[r2,c1]
+    found = None
+    for r1 in range(9):
+        for r2 in range(r1 + 1, (r1 // 3) * 3 + 3):
+            for c1 in range(9):
+                for c2 in range(c1 + 1, 9):
+                    if c1 // 3 != c2 // 3 and g[r1, c1] == g[r2, c2] and g[r1, c2] == g[r2, c1]:
+                        found = (r1, r2, c1, c2)
+    if found is None:
+        pytest.skip("no unavoidable rectangle in this grid")
+    r1, r2, c1, c2 = found
+    grid = sol.copy()
+    cells = [9 * r1 + c1, 9 * r1 + c2, 9 * r2 + c1, 9 * r2 + c2]
+    grid[cells] = 0
+    mi, k = data_mi(grid)
+    assert k == 2
+    for a in cells:
+        for b in cells:
+            assert mi[a, b].item() == pytest.approx(0.0 if a == b else math.log(2), abs=1e-12)
+
+
+def test_pairwise_mi_closed_form_empty_sudoku():
+    """Random solution grids: same-unit pairs have MI ln(81/72)."""
+    mi = sample_data_mi(60_000, np.random.default_rng(0))
+    graph = torch.from_numpy(sd.constraint_graph())
+    assert mi[graph].mean().item() == pytest.approx(EMPTY_GRID_UNIT_MI, abs=0.004)
+    assert EMPTY_GRID_UNIT_MI == pytest.approx(0.1178, abs=1e-4)
+
+
+def test_pairwise_mi_validates():
+    with pytest.raises(ValueError, match="non-negative"):
+        pairwise_mi(torch.zeros(2, 3, dtype=torch.long), torch.tensor([1.0, -1.0]), 2)
+
+
+def test_probe_sudoku_mdm_counts_passes():
+    m = SudokuMDM(SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)).eval()
+    grids = masked_contexts(sd.random_solutions(2, np.random.default_rng(0)), 50 / 81, np.random.default_rng(1))
+    res = probe_mi(m, grids_to_tokens(grids), batch_tokens=81 * 100)
+    assert res.nfe.tolist() == [451, 451]
+    assert res.mi.shape == (2, 81, 81) and (res.mi >= 0).all()
+
+
+def test_graph_recovery_perfect_and_random():
+    rng = np.random.default_rng(0)
+    graph = sd.constraint_graph()
+    masked = torch.ones(81, dtype=torch.bool)
+    perfect = graph.astype(float) + 0.01 * rng.random((81, 81))
+    assert graph_recovery(perfect, masked, graph)["auroc"] == 1.0
+    noise = rng.random((81, 81))
+    assert abs(graph_recovery(noise + noise.T, masked, graph)["auroc"] - 0.5) < 0.05
+    i, j = masked_pairs(masked)
+    assert len(i) == 81 * 80 // 2
+
+
+def test_correlation_values():
+    c = correlation([1, 2, 3, 4], [2, 4, 6, 8.5])
+    assert c["pearson"] > 0.99 and c["spearman"] == pytest.approx(1.0)
+    assert c["mae"] == pytest.approx((1 + 2 + 3 + 4.5) / 4)
