@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PROFILE ?= cpu
 DEVICE ?= cpu
+TORCH_PIP_ARGS ?=
 
 .PHONY: book test venv clean
 
@@ -12,8 +13,10 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# CPU wheel; install first so nothing pulls an unpinned (CUDA) torch.
-	$(BIN)/pip install --quiet torch==2.13.0
+	# Install torch first so nothing pulls an unpinned build. On the study's machines pip finds a
+	# local CPU wheel; elsewhere pass TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+	# (or a CUDA index for a GPU machine).
+	$(BIN)/pip install --quiet $(TORCH_PIP_ARGS) torch==2.13.0
 	# esm declares torchvision/torchtext builds that fail to import beside CPU torch: no deps.
 	$(BIN)/pip install --quiet --no-deps esm==3.2.1.post1
 	$(BIN)/pip install --quiet -e '.[test]'

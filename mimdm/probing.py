@@ -68,13 +68,9 @@ def _kept_values(p_mV: Tensor, delta: float) -> Tensor:
     return keep
 
 
-@torch.no_grad()
-def _forward_log_probs(model: MaskedModel, tokens_NL: Tensor, batch: int, positions: list[Tensor] | None = None):
-    """Run the model in chunks of ``batch`` rows; return float64 log-probs ``[N, L, V]``."""
-    outs = []
-    for s in range(0, tokens_NL.shape[0], batch):
-        outs.append(model.log_probs(tokens_NL[s:s + batch]).double())
-    return torch.cat(outs)
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 @torch.no_grad()
@@ -105,58 +101,76 @@ def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_to
     model.check_tokens(tokens_BL)
     was_training = model.training
     model.eval()
+    try:
+        return _probe(model, tokens_BL, delta, max(1, batch_tokens // tokens_BL.shape[1]))
+    finally:
+        model.train(was_training)
+
+
+def _probe(model: MaskedModel, tokens_BL: Tensor, delta: float, rows: int) -> ProbeResult:
+    dev = tokens_BL.device
+    _sync(dev)
     t0 = time.perf_counter()
     B, L = tokens_BL.shape
-    rows = max(1, batch_tokens // L)
     V = model.n_values
-    dev = tokens_BL.device
-    base = _forward_log_probs(model, tokens_BL, rows)  # [B, L, V]
+    base = torch.cat([model.log_probs(tokens_BL[s:s + rows]).double() for s in range(0, B, rows)])  # [B, L, V]
     masked = model.is_masked(tokens_BL)
     marg = base.exp() * masked[..., None]
+    if torch.isnan(marg).any():
+        raise ValueError("the model gave NaN probabilities (a position with no legal value?)")
 
-    # build every probe of every context, then run them in shared chunks
-    probe_rows, meta = [], []
+    # probes of each context: (j, v) for every masked j and kept value v
+    meta = []
     for b in range(B):
         M = torch.nonzero(masked[b]).squeeze(1)
         keep = _kept_values(marg[b, M], delta)  # [m, V]
         jj, vv = torch.nonzero(keep, as_tuple=True)
-        x = tokens_BL[b].repeat(len(jj), 1)
-        x[torch.arange(len(jj), device=dev), M[jj]] = model.value_token_ids[vv]
-        probe_rows.append(x)
         meta.append((M, keep, jj, vv))
-    allx = torch.cat(probe_rows) if probe_rows else tokens_BL[:0]
-    # only the masked positions' outputs are needed: gather per chunk to save memory
-    cond_chunks = []
-    for s in range(0, allx.shape[0], rows):
-        cond_chunks.append(model.log_probs(allx[s:s + rows]).double().exp())
-    cond_all = torch.cat(cond_chunks) if cond_chunks else torch.zeros(0, L, V, dtype=torch.float64, device=dev)
 
     mi_d = torch.zeros(B, L, L, dtype=torch.float64, device=dev)
     n_values = torch.zeros(B, L, dtype=torch.long, device=dev)
     nfe = torch.ones(B, dtype=torch.long, device=dev)
-    off = 0
-    for b, (M, keep, jj, vv) in enumerate(meta):
-        m, n = len(M), len(jj)
-        nfe[b] += n
-        if m == 0:
-            continue
-        n_values[b, M] = keep.sum(-1)
-        cond = cond_all[off:off + n][:, M, :]  # [n, m(i), V(x)]
-        off += n
-        w = marg[b, M] * keep
-        w = w / w.sum(-1, keepdim=True)  # renormalised p(x_j = v | c) over probed values  [m, V]
-        P = torch.zeros(m, V, m, V, dtype=torch.float64, device=dev)
-        P[jj, vv] = cond
-        mix = torch.einsum("jv,jvix->jix", w, P)  # [m(j), m(i), V]
-        ratio = torch.where(P > 0, P / mix[:, None].clamp_min(1e-300), torch.ones_like(P))
-        kl = (P * ratio.log()).sum(-1)  # [m(j), V, m(i)]
-        d = torch.einsum("jv,jvi->ji", w, kl).clamp_min(0.0)
-        d.fill_diagonal_(0.0)
-        mi_d[b][M[:, None], M[None, :]] = d
+    # contexts are processed in groups of about 4 passes' worth of probes; only the masked
+    # positions' conditionals are kept, so memory stays bounded by the budget, not by B
+    b = 0
+    while b < B:
+        group, n_rows = [], 0
+        while b < B and (not group or n_rows + len(meta[b][2]) <= 4 * rows):
+            group.append(b)
+            n_rows += len(meta[b][2])
+            b += 1
+        xs = []
+        for g in group:
+            M, _, jj, vv = meta[g]
+            x = tokens_BL[g].repeat(len(jj), 1)
+            x[torch.arange(len(jj), device=dev), M[jj]] = model.value_token_ids[vv]
+            xs.append(x)
+        allx = torch.cat(xs)
+        probs = torch.cat([model.log_probs(allx[s:s + rows]).double().exp() for s in range(0, len(allx), rows)]) \
+            if len(allx) else allx.new_zeros(0, L, V, dtype=torch.float64)
+        off = 0
+        for g in group:
+            M, keep, jj, vv = meta[g]
+            m, n = len(M), len(jj)
+            cond = probs[off:off + n][:, M, :]  # [n, m(i), V(x)]
+            off += n
+            nfe[g] += n
+            if m == 0:
+                continue
+            n_values[g, M] = keep.sum(-1)
+            w = marg[g, M] * keep
+            w = w / w.sum(-1, keepdim=True)  # renormalised p(x_j = v | c) over the probed values  [m, V]
+            P = torch.zeros(m, V, m, V, dtype=torch.float64, device=dev)
+            P[jj, vv] = cond
+            mix = torch.einsum("jv,jvix->jix", w, P)  # [m(j), m(i), V]
+            ratio = torch.where(P > 0, P / mix[:, None].clamp_min(1e-300), torch.ones_like(P))
+            kl = (P * ratio.log()).sum(-1)  # [m(j), V, m(i)]
+            d = torch.einsum("jv,jvi->ji", w, kl).clamp_min(0.0)
+            d.fill_diagonal_(0.0)
+            mi_d[g][M[:, None], M[None, :]] = d
 
     ent = -(marg * torch.where(marg > 0, marg.log(), torch.zeros_like(marg))).sum(-1)
-    if was_training:
-        model.train()
+    _sync(dev)
     return ProbeResult(
         mi=(mi_d + mi_d.transpose(1, 2)) / 2, directed=mi_d, asymmetry=(mi_d - mi_d.transpose(1, 2)).abs(),
         marginals=marg, entropy=ent, masked=masked, n_values=n_values, nfe=nfe,
@@ -178,10 +192,13 @@ def pairwise_mi(states_SL: Tensor, weights_S: Tensor, n_values: int, chunk: int 
         ``[L, L]`` float64 MI with a zero diagonal: I(X_i; X_j) = Σ p(a,b) log p(a,b)/(p(a)p(b)).
 
     Raises:
-        ValueError: shapes disagree, weights negative or all zero.
+        ValueError: shapes disagree, values out of range, weights negative or all zero.
     """
     if states_SL.dim() != 2 or weights_S.shape != (states_SL.shape[0],):
         raise ValueError(f"need states [S, L] and weights [S], got {tuple(states_SL.shape)} and {tuple(weights_S.shape)}")
+    if states_SL.numel() and (int(states_SL.min()) < 0 or int(states_SL.max()) >= n_values):
+        raise ValueError(f"state values must lie in [0, {n_values}), got range [{int(states_SL.min())}, {int(states_SL.max())}]")
+    weights_S = weights_S.to(states_SL.device)
     w = weights_S.double()
     if (w < 0).any() or w.sum() <= 0:
         raise ValueError("weights must be non-negative with a positive sum")

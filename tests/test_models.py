@@ -66,12 +66,21 @@ def test_resolve_device_errors():
             resolve_device("cuda")
 
 
+def test_train_config_validation():
+    with pytest.raises(ValueError, match="log_every must be >= 1"):
+        TrainConfig(log_every=0)
+
+
 def test_token_grid_roundtrip():
     g = sd.random_solutions(4, np.random.default_rng(0))
     g[:, ::3] = 0
     t = grids_to_tokens(g)
     assert (t[:, ::3] == 9).all()
     assert np.array_equal(tokens_to_grids(t), g)
+    with pytest.raises(sd.SudokuError, match="values must be 0"):
+        grids_to_tokens(np.full((1, 81), 10))
+    with pytest.raises(sd.SudokuError, match=r"shape \[N, 81\]"):
+        grids_to_tokens(np.zeros((1, 80)))
 
 
 def test_masking_rate_and_at_least_one_mask():
@@ -93,17 +102,20 @@ def test_training_reduces_loss_and_resumes_identically(tmp_path):
     init = {k: v.clone() for k, v in a.state_dict().items()}
     log_a = train_mdm(a, sudoku_batch, cfg, tmp_path / "a.pt", progress=False)
     assert len(log_a) == 4 and all(np.isfinite(e["loss"]) for e in log_a)
-    # interrupted run: stop at step 20 (between checkpoints 20 and 30), then resume in a fresh model
+    # interrupted run: stop at step 25 (between logs/checkpoints), then resume in a fresh model
     b = SudokuMDM(TINY)
     b.load_state_dict(init)
-    train_mdm(b, sudoku_batch, cfg, tmp_path / "b.pt", progress=False, stop_after=20)
+    train_mdm(b, sudoku_batch, cfg, tmp_path / "b.pt", progress=False, stop_after=25)
     st = torch.load(tmp_path / "b.pt", weights_only=True)
-    assert st["step"] == 20
+    assert st["step"] == 25
     c = SudokuMDM(TINY)
     log_c = train_mdm(c, sudoku_batch, cfg, tmp_path / "b.pt", progress=False)
     assert [e["step"] for e in log_c] == [10, 20, 30, 40]
+    assert [e["loss"] for e in log_c] == pytest.approx([e["loss"] for e in log_a], abs=1e-6)
     for k, v in a.state_dict().items():
         assert torch.allclose(v, c.state_dict()[k], atol=1e-5), k
+    with pytest.raises(ValueError, match="another training config"):
+        train_mdm(SudokuMDM(TINY), sudoku_batch, TrainConfig(steps=50), tmp_path / "b.pt", progress=False)
 
 
 def test_training_memorises_one_grid(tmp_path):

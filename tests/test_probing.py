@@ -72,12 +72,28 @@ def test_batching_does_not_change_results(potts):
     assert torch.allclose(a.mi, b.mi, atol=1e-12) and torch.allclose(b.mi, c, atol=1e-12)
 
 
+def test_pruning_keeps_the_smallest_top_set_and_matches_hand_computation():
+    """Two binary-ish positions: X1 ~ (0.7, 0.2, 0.1), X2 = X1. With delta=0.25 only values {0, 1}
+    of each are probed (mass 0.9 >= 0.75, while {0} alone has 0.7 < 0.75); renormalised weights
+    (7/9, 2/9) and X2 determined by X1 give I = H(7/9, 2/9)."""
+    states = torch.tensor([[0, 0], [1, 1], [2, 2]])
+    oracle = TableJointMDM(states, torch.tensor([0.7, 0.2, 0.1], dtype=torch.float64).log(), 3)
+    res = probe_mi(oracle, torch.full((1, 2), 3), delta=0.25)
+    assert res.n_values[0].tolist() == [2, 2] and res.nfe.item() == 1 + 4
+    w = torch.tensor([7 / 9, 2 / 9], dtype=torch.float64)
+    assert res.mi[0, 0, 1].item() == pytest.approx(float(-(w * w.log()).sum()), abs=1e-12)
+    full = probe_mi(oracle, torch.full((1, 2), 3))
+    assert full.nfe.item() == 7
+    h = torch.tensor([0.7, 0.2, 0.1], dtype=torch.float64)
+    assert full.mi[0, 0, 1].item() == pytest.approx(float(-(h * h.log()).sum()), abs=1e-12)
+
+
 def test_pruning_reduces_nfe_with_small_error(potts):
     x = _contexts(potts, 6, 3)
     full = probe_mi(potts, x)
-    pr = probe_mi(potts, x, delta=0.3)
+    pr = probe_mi(potts, x, delta=0.05)
     assert (pr.nfe <= full.nfe).all() and pr.nfe.sum() < full.nfe.sum()
-    assert (pr.mi - full.mi).abs().max() < 0.5
+    assert (pr.mi - full.mi).abs().max() < 0.05
 
 
 def test_probe_errors(potts):
@@ -142,6 +158,10 @@ def test_pairwise_mi_closed_form_empty_sudoku():
 def test_pairwise_mi_validates():
     with pytest.raises(ValueError, match="non-negative"):
         pairwise_mi(torch.zeros(2, 3, dtype=torch.long), torch.tensor([1.0, -1.0]), 2)
+    with pytest.raises(ValueError, match="must lie in"):
+        pairwise_mi(torch.full((2, 3), 5), torch.ones(2), 2)
+    with pytest.raises(ValueError, match="distinct"):
+        TableJointMDM.from_samples(torch.zeros(2, 3, dtype=torch.long), 2)
 
 
 def test_probe_sudoku_mdm_counts_passes():

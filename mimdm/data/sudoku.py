@@ -153,6 +153,13 @@ def _check_values(a: np.ndarray, name: str) -> np.ndarray:
 
 # --------------------------------------------------------------------------- text
 
+def _as_count(x, name: str) -> int:
+    """``x`` as an int; a float or bool that is not an exact integer is an error, not truncated."""
+    if isinstance(x, bool) or not float(x).is_integer():
+        raise SudokuError(f"{name} must be an integer, got {x!r}")
+    return int(x)
+
+
 def parse_grid(s: str, check: bool = True) -> np.ndarray:
     """Parse a sudoku from text into a ``[81]`` int8 grid (0 = blank).
 
@@ -511,6 +518,8 @@ def _is_unique_without(g: list, cell: int, digit: int) -> bool:
 _POOL_SIZE = 1024
 _POOL_SEED = 20240601
 _BASE_POOL: np.ndarray | None = None
+#: Identity of the solution-grid generator (part of every trained model's cache key).
+GENERATOR_ID = f"pool{_POOL_SIZE}-seed{_POOL_SEED}-sym-v1"
 
 
 def _base_pool() -> np.ndarray:
@@ -607,7 +616,7 @@ def make_puzzle(n_clues: int, rng, max_tries: int = 200) -> Puzzle:
         SudokuError: ``n_clues`` outside 17..81, ``max_tries < 1``, or no success in
             ``max_tries`` tries ("target too low").
     """
-    n_clues = int(n_clues)
+    n_clues = _as_count(n_clues, "n_clues")
     if not MIN_UNIQUE_CLUES <= n_clues <= N_CELLS:
         raise SudokuError(
             f"n_clues must be in 17..81 (no sudoku with fewer than 17 clues has a unique "
@@ -679,10 +688,13 @@ def random_partial(solution, n_clues: int, rng) -> np.ndarray:
     No uniqueness is enforced (for under-determined contexts). Returns a new ``[81]`` int8.
 
     Raises:
-        SudokuError: bad grid, or ``n_clues`` outside 0..81.
+        SudokuError: ``solution`` is not a complete valid grid, or ``n_clues`` is not an integer
+            in 0..81.
     """
     s = _as_grid(solution, "solution")
-    n_clues = int(n_clues)
+    if not is_valid_solution(s):
+        raise SudokuError("solution must be a complete, valid grid (use make_puzzle/solve to get one)")
+    n_clues = _as_count(n_clues, "n_clues")
     if not 0 <= n_clues <= N_CELLS:
         raise SudokuError(f"n_clues must be in 0..81, got {n_clues}")
     rng = np.random.default_rng(rng)

@@ -135,8 +135,12 @@ def model_vs_data(model: MaskedModel, n_contexts: int, clues: tuple[int, int], s
         m = pair_values(res.mi[0].cpu(), blank)
         d = pair_values(dmi, blank)
         contexts.append({"grid": grid, "n_clues": n, "n_completions": k, "model_mi": m, "data_mi": d, **correlation(m, d)})
-    pooled = correlation(np.concatenate([c["model_mi"] for c in contexts]), np.concatenate([c["data_mi"] for c in contexts])) if contexts else {}
-    return {"contexts": contexts, "pooled": pooled, "n_skipped_too_many": too_many, "n_skipped_unique": unique}
+    if not contexts:
+        raise RuntimeError(f"no partial grid with {clues} clues had between 2 and {max_completions} completions "
+                           f"in {attempts} attempts; widen the clue range or raise max_completions")
+    pooled = correlation(np.concatenate([c["model_mi"] for c in contexts]), np.concatenate([c["data_mi"] for c in contexts]))
+    return {"contexts": contexts, "pooled": pooled, "n_skipped_too_many": too_many, "n_skipped_unique": unique,
+            "median_context_pearson": float(np.median([c["pearson"] for c in contexts]))}
 
 
 def pruning_sweep(model: MaskedModel, grids: np.ndarray, deltas: list[float], batch_tokens: int = 81 * 512) -> list[dict]:
@@ -154,7 +158,8 @@ def pruning_sweep(model: MaskedModel, grids: np.ndarray, deltas: list[float], ba
         v = np.concatenate([pair_values(r.mi[b], r.masked[b]) for b in range(len(grids))])
         c = correlation(v, ref_v)
         out.append({"delta": d, "nfe_per_context": float(r.nfe.float().mean()),
-                    "seconds_per_context": r.seconds / len(grids), "mae": c["mae"],
+                    "seconds_per_context": r.seconds / len(grids), "passes_per_s": float(r.nfe.sum()) / r.seconds,
+                    "mae": c["mae"],
                     "max_abs_error": c["max_abs_error"], "pearson": c["pearson"]})
     return out
 
@@ -164,6 +169,8 @@ def forward_throughput(model: MaskedModel, batch: int = 512, repeats: int = 3) -
     """Raw model throughput in sequences (forward passes) per second at batch size ``batch``."""
     x = torch.full((batch, model.max_len), model.mask_id, dtype=torch.long, device=model.device)
     model.log_probs(x)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(repeats):
         model.log_probs(x)

@@ -89,8 +89,14 @@ class TableJointMDM(MaskedModel):
 
     @classmethod
     def from_samples(cls, states: Tensor, n_values: int) -> "TableJointMDM":
-        """Uniform distribution over the given distinct ``[S, L]`` states."""
+        """Uniform distribution over the given distinct ``[S, L]`` states.
+
+        Raises:
+            ValueError: repeated states (they would be weighted twice).
+        """
         S = states.shape[0]
+        if len(torch.unique(states, dim=0)) != S:
+            raise ValueError("states must be distinct (repeated states would be weighted twice)")
         return cls(states, torch.full((S,), -math.log(S), dtype=torch.float64), n_values)
 
     def _forward(self, tokens_BL: Tensor, layer: int) -> MDMOutput:

@@ -43,8 +43,19 @@ class TrainConfig:
     ckpt_every: int = 250
     log_every: int = 50
 
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "ckpt_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.min_t < 1:
+            raise ValueError(f"TrainConfig.min_t must be in (0, 1), got {self.min_t}")
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+#: Bump when the objective or the optimiser set-up changes, so cached models are not reused.
+OBJECTIVE_VERSION = "mdm-ce-adamw-v1"
 
 
 def mask_tokens(values_BL: Tensor, model: MaskedModel, t_B: Tensor, generator: torch.Generator,
@@ -108,7 +119,8 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
         sample_batch: ``(rng, batch_size) -> values [B, L] long`` clean training examples.
         cfg: `TrainConfig`.
         state_path: resumable training state (model, optimiser, RNG states, log); written every
-            ``cfg.ckpt_every`` steps and at the end. If it exists, training continues from it.
+            ``cfg.ckpt_every`` steps and at the end. If it exists, training continues from it and
+            reproduces the uninterrupted run (same device type).
         progress: show a tqdm progress bar.
         max_seconds: stop (after checkpointing) once this much wall-clock has passed; a later call
             continues.
@@ -117,30 +129,43 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
 
     Returns:
         The training log: a list of ``{"step", "loss", "lr", "seconds", "examples_per_s"}``.
+
+    Raises:
+        ValueError: the state file was written with another config.
+        RuntimeError: the state file was written on another device type.
     """
     state_path = Path(state_path)
     device = model.device
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     rng = np.random.default_rng(cfg.seed)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
-    step, log, elapsed = 0, [], 0.0
+    step, log, elapsed, window_loss = 0, [], 0.0, []
     if state_path.exists():
-        st = torch.load(state_path, map_location=device, weights_only=True)
+        st = torch.load(state_path, map_location="cpu", weights_only=True)
+        if json.loads(st["train_config"]) != cfg.to_dict():
+            raise ValueError(f"{state_path} was written with another training config; delete it or use that config")
+        if st["device_type"] != device.type:
+            raise RuntimeError(f"{state_path} was written on {st['device_type']}; resume it on the same device type "
+                               f"(this run is on {device.type})")
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
         rng.bit_generator.state = json.loads(st["numpy_rng"])
-        gen.set_state(st["torch_rng"].cpu() if device.type == "cpu" else st["torch_rng"])
+        gen.set_state(st["torch_rng"].cpu())
+        torch.set_rng_state(st["global_rng"].cpu())
         step, log, elapsed = st["step"], json.loads(st["log"]), st["seconds"]
+        window_loss = json.loads(st["window_loss"])
 
     def save():
         atomic_save({
             "model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
             "numpy_rng": json.dumps(rng.bit_generator.state), "torch_rng": gen.get_state(),
+            "global_rng": torch.get_rng_state(), "window_loss": json.dumps(window_loss),
             "log": json.dumps(log), "seconds": elapsed, "train_config": json.dumps(cfg.to_dict()),
+            "device_type": device.type,
         }, state_path)
 
     model.train()
-    t0, seen, window_loss = time.perf_counter(), 0, []
+    t0, seen = time.perf_counter(), 0
     start_elapsed = elapsed
     bar = tqdm(total=cfg.steps, initial=step, disable=not progress, desc="train MDM", unit="step", mininterval=2.0)
     while step < cfg.steps:

@@ -12,7 +12,7 @@ from ..artifacts import artifact_dir, atomic_save, load_checkpoint
 from ..data import sudoku as sd
 from ..device import resolve_device
 from .sudoku import SudokuMDM, SudokuMDMConfig
-from .training import TrainConfig, train_mdm
+from .training import OBJECTIVE_VERSION, TrainConfig, train_mdm
 
 EVAL_CLUES = (30, 35)
 EVAL_SEED = 12345
@@ -24,8 +24,17 @@ def sudoku_batch(rng: np.random.Generator, batch_size: int) -> torch.Tensor:
 
 
 def grids_to_tokens(grids: np.ndarray, device="cpu") -> torch.Tensor:
-    """``[N, 81]`` int grids (0 blank, 1..9) -> ``[N, 81]`` long Sudoku MDM tokens (9 = mask)."""
-    g = torch.as_tensor(np.asarray(grids, dtype=np.int64), device=device)
+    """``[N, 81]`` int grids (0 blank, 1..9) -> ``[N, 81]`` long Sudoku MDM tokens (9 = mask).
+
+    Raises:
+        SudokuError: wrong shape or values outside 0..9.
+    """
+    arr = np.asarray(grids)
+    if arr.ndim != 2 or arr.shape[1] != 81:
+        raise sd.SudokuError(f"grids must have shape [N, 81], got {arr.shape}")
+    if arr.size and (arr.min() < 0 or arr.max() > 9):
+        raise sd.SudokuError(f"grid values must be 0 (blank) or 1..9, got range [{arr.min()}, {arr.max()}]")
+    g = torch.as_tensor(arr.astype(np.int64), device=device)
     return torch.where(g == 0, torch.full_like(g, 9), g - 1)
 
 
@@ -59,7 +68,8 @@ def solve_rate(model: SudokuMDM, n_puzzles: int, clues=EVAL_CLUES, seed: int = E
 
 def sudoku_mdm_dir(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig, root: Path | None = None) -> Path:
     """Artifact folder of the Sudoku MDM with these configurations."""
-    cfg = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict()}
+    cfg = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "data": sd.GENERATOR_ID,
+           "objective": OBJECTIVE_VERSION}
     return artifact_dir("sudoku_mdm", f"d{model_cfg.d_model}-l{model_cfg.n_layers}", cfg, root)
 
 
@@ -81,7 +91,8 @@ def load_sudoku_mdm(path: Path, device="cpu") -> tuple[SudokuMDM, dict]:
     model = SudokuMDM(SudokuMDMConfig(**json.loads(ck["model_config"]))).to(dev)
     model.load_state_dict(ck["state_dict"])
     model.eval()
-    record = {k: json.loads(ck[k]) for k in ("model_config", "train_config", "log", "eval")}
+    record = {k: json.loads(ck[k]) for k in ("model_config", "train_config", "log", "eval") if k in ck}
+    record["trained_on"] = json.loads(ck["trained_on"]) if "trained_on" in ck else None
     record["n_parameters"] = model.n_parameters()
     record["path"] = str(path)
     return model, record
@@ -114,6 +125,8 @@ def load_or_train_sudoku_mdm(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig,
         "kind": "sudoku_mdm", "state_dict": model.state_dict(),
         "model_config": json.dumps(model_cfg.to_dict()), "train_config": json.dumps(train_cfg.to_dict()),
         "log": json.dumps(log), "eval": json.dumps(ev),
+        "trained_on": json.dumps({"device": str(dev), "torch": torch.__version__, "data": sd.GENERATOR_ID,
+                                  "objective": OBJECTIVE_VERSION}),
     }, final)
     (d / "train_state.pt").unlink(missing_ok=True)
     return load_sudoku_mdm(final, dev)

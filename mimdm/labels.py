@@ -1,0 +1,189 @@
+"""Label generation for the MI head: contexts, their ground-truth MI by probing, hidden states.
+
+Contexts are drawn the way decoding visits them: for every *source* (a random solution grid, the
+unit of the train/validation/test split) the generator takes ``contexts_per_source - 1`` random
+maskings at rates spread over (0, 1] and one state from the model's own sequential decoding
+trajectory (start from a random masking at rate in [0.5, 1], decode a random number of steps).
+Each context is stored with its probed MI matrix (nats), the marginal entropies, and the MDM's
+hidden states at the configured layers.
+
+Storage is sharded and resumable: shard k is generated from its own random stream
+``(seed, k)``, written atomically to ``shard_00k.pt`` and recorded in ``manifest.json``. An
+interrupted run skips completed shards and produces exactly the files an uninterrupted run would.
+Splits are by source (``source_id % 10``: 0 test, 1 validation, else train), never by context.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from .artifacts import artifact_dir, atomic_save
+from .data import sudoku as sd
+from .models.base import MaskedModel
+from .models.zoo import grids_to_tokens
+from .probing import probe_mi
+from .sampling import decode_sequential
+
+SPLITS = ("train", "val", "test")
+
+
+def split_of(source_id: Tensor | np.ndarray | int):
+    """Split index of a source: 2 (test) if ``id % 10 == 0``, 1 (validation) if 1, else 0 (train)."""
+    r = source_id % 10
+    if isinstance(r, (int, np.integer)):
+        return 2 if r == 0 else 1 if r == 1 else 0
+    return (r == 0) * 2 + (r == 1) * 1
+
+
+@dataclass(frozen=True)
+class LabelConfig:
+    """Label set settings (counts in contexts; rates in (0, 1])."""
+
+    n_shards: int = 12
+    sources_per_shard: int = 20
+    contexts_per_source: int = 4
+    min_mask_rate: float = 0.05
+    layers: tuple[int, ...] = (-1,)
+    delta: float = 0.0
+    batch_tokens: int = 81 * 512
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def make_contexts(model: MaskedModel, cfg: LabelConfig, shard: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The contexts of one shard: ``(grids [N, 81] int8, source_id [N] int64, kind [N] int8)``.
+
+    ``kind`` is 0 for a random masking, 1 for a decoding-trajectory state. Deterministic in
+    ``(cfg.seed, shard)`` and the model.
+    """
+    rng = np.random.default_rng([cfg.seed, shard])
+    n_src = cfg.sources_per_shard
+    sols = sd.random_solutions(n_src, rng)
+    grids, src, kind = [], [], []
+    starts = []
+    for s in range(n_src):
+        sid = shard * n_src + s
+        for _ in range(cfg.contexts_per_source - 1):
+            rate = rng.uniform(cfg.min_mask_rate, 1.0)
+            n_clues = 81 - max(1, int(round(81 * rate)))
+            grids.append(sd.random_partial(sols[s], n_clues, rng))
+            src.append(sid)
+            kind.append(0)
+        starts.append(sd.random_partial(sols[s], int(rng.integers(0, 41)), rng))
+    # trajectory states: decode each start sequentially and stop after a random number of steps
+    start = np.stack(starts)
+    res = decode_sequential(model, grids_to_tokens(start, model.device))
+    order = res.order.cpu().numpy()
+    final = res.tokens.cpu().numpy()
+    for s in range(n_src):
+        n_masked = int((start[s] == 0).sum())
+        stop = int(rng.integers(0, max(1, n_masked - 1)))  # leave at least two cells masked
+        keep = (order[s] >= 0) & (order[s] < stop)
+        g = start[s].copy()
+        g[keep] = final[s][keep] + 1
+        grids.append(g)
+        src.append(shard * n_src + s)
+        kind.append(1)
+    return np.stack(grids).astype(np.int8), np.array(src, dtype=np.int64), np.array(kind, dtype=np.int8)
+
+
+@torch.no_grad()
+def label_shard(model: MaskedModel, cfg: LabelConfig, shard: int) -> dict:
+    """Generate one shard: contexts, probed MI, entropies, hidden states (see module docstring).
+
+    Returns a dict of tensors: ``tokens [N, L]`` long, ``mi [N, L, L]`` float32 (nats),
+    ``asymmetry [N, L, L]`` float16, ``entropy [N, L]`` float32 (nats), ``hidden_<layer> [N, L, D]``
+    float16 for each configured layer, ``source_id [N]``, ``split [N]``, ``kind [N]``,
+    ``nfe [N]`` (probing passes), ``seconds`` (probing wall-clock).
+    """
+    grids, src, kind = make_contexts(model, cfg, shard)
+    tokens = grids_to_tokens(grids, model.device)
+    res = probe_mi(model, tokens, delta=cfg.delta, batch_tokens=cfg.batch_tokens)
+    out = {
+        "tokens": tokens.cpu(), "mi": res.mi.float().cpu(), "asymmetry": res.asymmetry.half().cpu(),
+        "entropy": res.entropy.float().cpu(), "source_id": torch.from_numpy(src),
+        "split": torch.from_numpy(split_of(src)), "kind": torch.from_numpy(kind),
+        "nfe": res.nfe.cpu(), "seconds": torch.tensor(res.seconds),
+    }
+    for layer in cfg.layers:
+        out[f"hidden_{layer}"] = model(tokens, layer=layer).hidden.half().cpu()
+    return out
+
+
+def label_dir(model_dir: Path, cfg: LabelConfig, root: Path | None = None) -> Path:
+    """Artifact folder of a label set: keyed by the model's folder name and the label config."""
+    return artifact_dir("labels", Path(model_dir).name, {"model": Path(model_dir).name, **cfg.to_dict()}, root)
+
+
+def generate_labels(model: MaskedModel, cfg: LabelConfig, out_dir: Path, progress: bool = True,
+                    max_new_shards: int | None = None) -> Path:
+    """Generate every missing shard of a label set into ``out_dir`` (resumable).
+
+    Args:
+        max_new_shards: stop after this many new shards (to bound a call; a later call continues).
+
+    Returns:
+        ``out_dir``; ``manifest.json`` lists the completed shards with their context counts.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    man_path = out_dir / "manifest.json"
+    manifest = json.loads(man_path.read_text()) if man_path.exists() else {"config": cfg.to_dict(), "shards": {}}
+    todo = [k for k in range(cfg.n_shards) if str(k) not in manifest["shards"]]
+    done_now = 0
+    model.eval()
+    for k in tqdm(todo, desc="probe labels", unit="shard", disable=not progress):
+        if max_new_shards is not None and done_now >= max_new_shards:
+            break
+        shard = label_shard(model, cfg, k)
+        atomic_save(shard, out_dir / f"shard_{k:05d}.pt")
+        manifest["shards"][str(k)] = {"n_contexts": int(shard["tokens"].shape[0]),
+                                      "nfe": int(shard["nfe"].sum()), "seconds": float(shard["seconds"])}
+        tmp = man_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(manifest, indent=1))
+        tmp.replace(man_path)
+        done_now += 1
+    return out_dir
+
+
+def is_complete(out_dir: Path, cfg: LabelConfig) -> bool:
+    """True when every shard of ``cfg`` is recorded in the manifest."""
+    man = Path(out_dir) / "manifest.json"
+    if not man.exists():
+        return False
+    return len(json.loads(man.read_text())["shards"]) == cfg.n_shards
+
+
+def load_labels(out_dir: Path, split: str | None = None) -> dict:
+    """Concatenate all shards (optionally one split: ``"train"``, ``"val"``, ``"test"``).
+
+    Raises:
+        FileNotFoundError: no manifest (labels not generated).
+        ValueError: unknown split.
+    """
+    out_dir = Path(out_dir)
+    man = out_dir / "manifest.json"
+    if not man.exists():
+        raise FileNotFoundError(f"no label set at {out_dir} (manifest.json missing): generate it first")
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; use one of {SPLITS}")
+    shards = sorted(int(k) for k in json.loads(man.read_text())["shards"])
+    parts = [torch.load(out_dir / f"shard_{k:05d}.pt", weights_only=True) for k in shards]
+    out = {}
+    for key in parts[0]:
+        if key == "seconds":
+            out[key] = float(sum(float(p[key]) for p in parts))
+            continue
+        out[key] = torch.cat([p[key] for p in parts])
+    if split is not None:
+        sel = out["split"] == SPLITS.index(split)
+        out = {k: (v[sel] if isinstance(v, torch.Tensor) and v.shape[:1] == sel.shape else v) for k, v in out.items()}
+    return out

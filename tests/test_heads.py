@@ -1,0 +1,121 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from mimdm.heads import (HeadTrainConfig, MIHead, MIHeadConfig, head_inputs, load_head, mi_loss, predict_mi,
+                         save_head, train_head)
+from mimdm.labels import LabelConfig, generate_labels, load_labels, split_of
+from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
+
+TINY = SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)
+
+
+def test_parameter_count_near_paper():
+    assert 95_000 < MIHead(MIHeadConfig(384)).n_parameters() < 115_000
+
+
+def test_head_output_properties():
+    torch.manual_seed(0)
+    head = MIHead(MIHeadConfig(16, d_hidden=8, rank=4))
+    h = torch.randn(3, 10, 16)
+    masked = torch.rand(3, 10) < 0.6
+    ent = torch.rand(3, 10) * masked
+    mi = head(h, masked, ent)
+    assert mi.shape == (3, 10, 10)
+    assert torch.allclose(mi, mi.transpose(1, 2), atol=1e-6)
+    assert (mi >= 0).all()
+    assert (torch.diagonal(mi, dim1=1, dim2=2) == 0).all()
+    pair = masked[:, :, None] & masked[:, None, :]
+    assert (mi[~pair] == 0).all()
+    assert (mi <= torch.minimum(ent[:, :, None], ent[:, None, :]) + 1e-7).all()  # entropy bound
+    with pytest.raises(ValueError, match="pass entropy_BL"):
+        head(h, masked)
+    with pytest.raises(ValueError, match="does not match the head's d_in"):
+        head(torch.randn(3, 10, 8), masked, ent)
+
+
+def test_loss_kinds():
+    t = torch.zeros(1, 4, 4)
+    t[0, 0, 1] = t[0, 1, 0] = 0.5
+    masked = torch.ones(1, 4, dtype=torch.bool)
+    assert mi_loss(t, t, masked).item() == 0
+    assert mi_loss(t * 0, t, masked, "mse").item() == pytest.approx(0.25 / 6)
+    assert mi_loss(t * 0, t, masked, "log1p_weighted") > mi_loss(t * 0, t, masked, "log1p")
+    with pytest.raises(ValueError, match="unknown loss kind"):
+        mi_loss(t, t, masked, "l1")
+
+
+def _synthetic_labels(n=48, L=12, D=16, seed=0):
+    """Labels whose MI is a fixed function of the hidden states, so a head can fit them exactly."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, L, D, generator=g)
+    masked = torch.rand(n, L, generator=g) < 0.7
+    tokens = torch.where(masked, 9, 0)
+    ent = torch.full((n, L), 2.0) * masked
+    sim = torch.sigmoid(3 * torch.einsum("bid,bjd->bij", h[..., :4], h[..., :4]) / 2) * 0.5
+    pair = masked[:, :, None] & masked[:, None, :] & ~torch.eye(L, dtype=torch.bool)
+    mi = sim * pair
+    return {"tokens": tokens, "hidden_-1": h, "entropy": ent, "mi": mi}
+
+
+def test_head_overfits_a_tiny_label_set():
+    data = _synthetic_labels()
+    head, log = train_head(data, data, MIHeadConfig(16, d_hidden=64, rank=32),
+                           HeadTrainConfig(epochs=150, batch_size=16, lr=5e-3, patience=150), mask_id=9, progress=False)
+    assert log[-1]["train_loss"] < 0.05 * log[0]["train_loss"]
+    pred = head(data["hidden_-1"], data["tokens"] == 9, data["entropy"])
+    pair = (data["tokens"] == 9)[:, :, None] & (data["tokens"] == 9)[:, None, :] & ~torch.eye(12, dtype=torch.bool)
+    r = np.corrcoef(pred[pair].detach().numpy(), data["mi"][pair].numpy())[0, 1]
+    assert r > 0.95
+
+
+def test_split_is_by_source():
+    ids = np.arange(100)
+    s = split_of(ids)
+    assert (s[ids % 10 == 0] == 2).all() and (s[ids % 10 == 1] == 1).all() and (s[ids % 10 >= 2] == 0).all()
+
+
+def test_label_generation_resumes_with_identical_output(tmp_path):
+    torch.manual_seed(0)
+    model = SudokuMDM(TINY).eval()
+    cfg = LabelConfig(n_shards=3, sources_per_shard=4, contexts_per_source=3, layers=(-1, 1))
+    generate_labels(model, cfg, tmp_path / "a", progress=False)
+    generate_labels(model, cfg, tmp_path / "b", progress=False, max_new_shards=1)  # interrupted after one shard
+    man = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert list(man["shards"]) == ["0"]
+    generate_labels(model, cfg, tmp_path / "b", progress=False)  # continues with shards 1, 2
+    a, b = load_labels(tmp_path / "a"), load_labels(tmp_path / "b")
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert torch.equal(a[k], b[k]), k
+    assert a["tokens"].shape == (3 * 4 * 3, 81) and a["hidden_1"].shape == (36, 81, 32)
+    # no source is in two splits, every context has MI only between masked cells
+    src, split = a["source_id"], a["split"]
+    for s in src.unique():
+        assert len(split[src == s].unique()) == 1
+    masked = a["tokens"] == 9
+    assert (a["mi"][~(masked[:, :, None] & masked[:, None, :])] == 0).all()
+    test = load_labels(tmp_path / "a", "test")
+    assert (test["source_id"] % 10 == 0).all()
+    with pytest.raises(ValueError, match="unknown split"):
+        load_labels(tmp_path / "a", "dev")
+    with pytest.raises(FileNotFoundError, match="manifest.json missing"):
+        load_labels(tmp_path / "none")
+
+
+def test_head_checkpoint_roundtrip_and_one_pass_prediction(tmp_path):
+    torch.manual_seed(0)
+    model = SudokuMDM(TINY).eval()
+    head = MIHead(MIHeadConfig(32, d_hidden=16, rank=8))
+    save_head(head, tmp_path / "h.pt", HeadTrainConfig(), [{"epoch": 1}])
+    head2, rec = load_head(tmp_path / "h.pt")
+    x = torch.full((2, 81), 9)
+    x[1, :40] = 3
+    assert torch.equal(predict_mi(model, head, x), predict_mi(model, head2, x))
+    h, m, e = head_inputs(model, x)
+    assert h.shape == (2, 81, 32) and m[1, :40].logical_not().all() and (e[1, :40] == 0).all()
+    assert rec["log"] == [{"epoch": 1}]
+    with pytest.raises(FileNotFoundError):
+        load_head(tmp_path / "missing.pt")
