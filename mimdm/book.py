@@ -20,18 +20,22 @@ from .device import resolve_device
 from .profiles import get_profile
 
 #: Chapter notebooks in reading order (paths relative to the book root); keep in sync with _toc.yml.
-CHAPTERS = ["book/01_ground_truth_mi.ipynb"]
+CHAPTERS = ["book/01_ground_truth_mi.ipynb", "book/02_estimator_accuracy.ipynb", "book/03_sudoku_constraints.ipynb"]
 
 
 def prepare_artifacts(profile: str, device: str = "cpu", progress: bool = True) -> None:
     """Train (or find in the cache) every model the chapters need, with progress bars in the terminal."""
+    from .experiments import mi_head
     from .models.zoo import load_or_train_sudoku_mdm
 
     p = get_profile(profile)
-    _, rec = load_or_train_sudoku_mdm(p.sudoku_model, p.sudoku_train, device=device,
-                                      n_eval=p.solve_eval_puzzles, progress=progress)
+    model, rec = load_or_train_sudoku_mdm(p.sudoku_model, p.sudoku_train, device=device,
+                                          n_eval=p.solve_eval_puzzles, progress=progress)
     print(f"[mimdm] Sudoku MDM ({rec['n_parameters']:,} parameters): solve rate "
           f"{rec['eval']['solve_rate']:.3f} on {rec['eval']['n_puzzles']} puzzles -> {rec['path']}", flush=True)
+    prep = mi_head.prepare(p, model, rec["path"], progress=progress)
+    print(f"[mimdm] MI labels -> {prep['labels']}; MI head ({prep['head'].n_parameters():,} parameters) "
+          f"and {len(prep['ablations'])} ablation heads ready", flush=True)
 
 
 def execute_chapters(root: Path, profile: str, device: str = "cpu", chapters: list[str] | None = None,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from .heads import HeadTrainConfig
+from .labels import LabelConfig
 from .models.sudoku import SudokuMDMConfig
 from .models.training import TrainConfig
 
@@ -29,6 +31,12 @@ class Profile:
         max_completions: bound of the completion enumeration.
         reference_grids: random solution grids for the Monte Carlo empty-grid reference MI.
         prune_deltas: top-value pruning thresholds compared in the probing-cost section.
+        labels: the MI-head label set (contexts, probing, stored hidden layers).
+        head_hidden, head_rank: MI head widths (`mimdm.heads.MIHeadConfig`).
+        head_train: MI head training settings.
+        ablation_layers: hidden layers compared in the layer ablation (each must be in ``labels.layers``).
+        ablation_epochs: epochs of each ablation head.
+        agreement_contexts: under-determined grids compared with the true data MI in chapter 3.
     """
 
     name: str
@@ -42,6 +50,13 @@ class Profile:
     max_completions: int = 100_000
     reference_grids: int = 200_000
     prune_deltas: tuple[float, ...] = (0.0, 1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.2)
+    labels: LabelConfig = LabelConfig()
+    head_hidden: int = 224
+    head_rank: int = 64
+    head_train: HeadTrainConfig = HeadTrainConfig()
+    ablation_layers: tuple[int, ...] = (1, 3, -1)
+    ablation_epochs: int = 10
+    agreement_contexts: int = 12
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -60,6 +75,13 @@ PROFILES: dict[str, Profile] = {
         max_completions=20_000,
         reference_grids=20_000,
         prune_deltas=(0.0, 1e-2, 0.1),
+        labels=LabelConfig(n_shards=2, sources_per_shard=10, contexts_per_source=3, layers=(-1, 1)),
+        head_hidden=32,
+        head_rank=16,
+        head_train=HeadTrainConfig(epochs=3, patience=3),
+        ablation_layers=(1, -1),
+        ablation_epochs=2,
+        agreement_contexts=3,
     ),
     "cpu": Profile(
         name="cpu",
@@ -69,6 +91,11 @@ PROFILES: dict[str, Profile] = {
         probe_contexts=8,
         enum_contexts=16,
         enum_clues=(22, 28),
+        labels=LabelConfig(n_shards=12, sources_per_shard=20, contexts_per_source=4, layers=(-1, 1, 3)),
+        head_train=HeadTrainConfig(epochs=30, patience=5),
+        ablation_layers=(1, 3, -1),
+        ablation_epochs=10,
+        agreement_contexts=12,
     ),
     "paper": Profile(
         name="paper",
@@ -80,6 +107,12 @@ PROFILES: dict[str, Profile] = {
         enum_contexts=48,
         enum_clues=(22, 28),
         max_completions=1_000_000,
+        labels=LabelConfig(n_shards=200, sources_per_shard=50, contexts_per_source=4, layers=(-1, 1, 2, 3),
+                           batch_tokens=81 * 8192),
+        head_train=HeadTrainConfig(epochs=40, batch_size=64, patience=6),
+        ablation_layers=(1, 2, 3, -1),
+        ablation_epochs=15,
+        agreement_contexts=48,
     ),
 }
 

@@ -31,8 +31,11 @@ def load_or_build_labels(model: MaskedModel, model_path: str | Path, cfg: LabelC
 
 
 def load_or_train_head(labels: Path, head_cfg: MIHeadConfig, train_cfg: HeadTrainConfig, mask_id: int,
-                       progress: bool = True) -> tuple[MIHead, dict]:
-    """The head of these configs trained on ``labels`` (cached in the artifacts by config)."""
+                       progress: bool = True, device="cpu") -> tuple[MIHead, dict]:
+    """The head of these configs trained on ``labels`` (cached in the artifacts by config), loaded on ``device``.
+
+    Training runs on the CPU from the stored hidden states.
+    """
     d = artifact_dir("mi_head", Path(labels).name, {"labels": Path(labels).name, "head": head_cfg.to_dict(),
                                                      "train": train_cfg.to_dict()})
     path = d / "head.pt"
@@ -40,7 +43,7 @@ def load_or_train_head(labels: Path, head_cfg: MIHeadConfig, train_cfg: HeadTrai
         head, log = train_head(load_labels(labels, "train"), load_labels(labels, "val"), head_cfg, train_cfg,
                                mask_id, progress=progress)
         save_head(head, path, train_cfg, log)
-    return load_head(path)
+    return load_head(path, device)
 
 
 def _pairs(mat, masked):
@@ -50,10 +53,12 @@ def _pairs(mat, masked):
 @torch.no_grad()
 def predict_from_labels(head: MIHead, data: dict, layer: int, mask_id: int, batch_size: int = 64) -> torch.Tensor:
     """Head predictions ``[N, L, L]`` from the stored hidden states of a label split."""
+    dev = next(head.parameters()).device
     out = []
     for s in range(0, len(data["tokens"]), batch_size):
-        tok = data["tokens"][s:s + batch_size]
-        out.append(head(data[f"hidden_{layer}"][s:s + batch_size], tok == mask_id, data["entropy"][s:s + batch_size]))
+        tok = data["tokens"][s:s + batch_size].to(dev)
+        h, e = data[f"hidden_{layer}"][s:s + batch_size].to(dev), data["entropy"][s:s + batch_size].to(dev)
+        out.append(head(h, tok == mask_id, e).cpu())
     return torch.cat(out)
 
 
@@ -175,3 +180,35 @@ def agreement_with_data(model: MaskedModel, head: MIHead, n_contexts: int, clues
     return {"contexts": rows,
             "pooled": {"gt_vs_data": correlation(cat(gts), cat(datas)), "pred_vs_data": correlation(cat(preds), cat(datas)),
                        "pred_vs_gt": correlation(cat(preds), cat(gts))} if rows else {}}
+
+
+def head_config_for(profile, model: MaskedModel) -> MIHeadConfig:
+    """The profile's MI head architecture for ``model``'s hidden size."""
+    return MIHeadConfig(model.hidden_dim, d_hidden=profile.head_hidden, rank=profile.head_rank)
+
+
+def ablation_configs(profile) -> dict[str, HeadTrainConfig]:
+    """Training configs of the ablation heads: one per layer (default loss) and one per loss (default layer)."""
+    from dataclasses import replace
+
+    base = replace(profile.head_train, epochs=profile.ablation_epochs)
+    out = {f"layer {layer}": replace(base, layer=layer) for layer in profile.ablation_layers}
+    for loss in ("mse", "log1p", "log1p_weighted"):
+        out[f"loss {loss}"] = replace(base, loss=loss)
+    return out
+
+
+def prepare(profile, model: MaskedModel, model_path: str | Path, progress: bool = True, ablations: bool = True) -> dict:
+    """Labels, the main head and (optionally) the ablation heads of a profile, from the cache or built now.
+
+    Returns ``{"labels": Path, "head": MIHead, "head_record": dict, "ablations": {name: (MIHead, record, cfg)}}``.
+    """
+    labels = load_or_build_labels(model, model_path, profile.labels, progress)
+    hcfg = head_config_for(profile, model)
+    head, rec = load_or_train_head(labels, hcfg, profile.head_train, model.mask_id, progress, model.device)
+    out = {"labels": labels, "head": head, "head_record": rec, "ablations": {}}
+    if ablations:
+        for name, cfg in ablation_configs(profile).items():
+            h, r = load_or_train_head(labels, hcfg, cfg, model.mask_id, progress, model.device)
+            out["ablations"][name] = (h, r, cfg)
+    return out
