@@ -2,7 +2,7 @@
 
 Modules: `mimdm.data` (Sudoku), `mimdm.models` (the `MaskedModel` interface, the Sudoku MDM, exact
 oracle models, masked-diffusion training), `mimdm.probing` (ground-truth MI by probing),
-`mimdm.metrics`, `mimdm.sampling` (decoding), `mimdm.experiments` (one module per book chapter),
+`mimdm.labels` and `mimdm.heads` (the MI head), `mimdm.metrics`, `mimdm.decoding` (decoding loop and unmasking rules), `mimdm.experiments` (one module per book chapter),
 `mimdm.book` (the main job), `mimdm.profiles` (smoke / cpu / paper).
 """
 

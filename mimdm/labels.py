@@ -28,7 +28,7 @@ from .data import sudoku as sd
 from .models.base import MaskedModel
 from .models.zoo import grids_to_tokens
 from .probing import probe_mi
-from .sampling import decode_sequential
+from .decoding import Sequential, decode
 
 SPLITS = ("train", "val", "test")
 
@@ -80,8 +80,8 @@ def make_contexts(model: MaskedModel, cfg: LabelConfig, shard: int) -> tuple[np.
         starts.append(sd.random_partial(sols[s], int(rng.integers(0, 41)), rng))
     # trajectory states: decode each start sequentially and stop after a random number of steps
     start = np.stack(starts)
-    res = decode_sequential(model, grids_to_tokens(start, model.device))
-    order = res.order.cpu().numpy()
+    res = decode(model, grids_to_tokens(start, model.device), Sequential("confidence"))
+    order = res.step_of.cpu().numpy()
     final = res.tokens.cpu().numpy()
     for s in range(n_src):
         n_masked = int((start[s] == 0).sum())

@@ -11,7 +11,7 @@ from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
 from mimdm.models.training import TrainConfig, mask_tokens, mdm_loss, train_mdm
 from mimdm.models.zoo import (grids_to_tokens, load_or_train_sudoku_mdm, load_sudoku_mdm, sudoku_batch,
                               tokens_to_grids)
-from mimdm.sampling import decode_sequential
+from mimdm.decoding import Sequential, decode
 
 TINY = SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)
 
@@ -165,10 +165,10 @@ def test_sequential_decoding_fills_every_mask_once_and_keeps_givens():
     m = SudokuMDM(TINY).eval()
     p = sd.make_puzzle(30, np.random.default_rng(0))
     x = grids_to_tokens(np.stack([p.puzzle, p.puzzle]))
-    res = decode_sequential(m, x)
+    res = decode(m, x, Sequential("confidence"))
     n_masked = int((p.puzzle == 0).sum())
     assert (res.nfe == n_masked).all()
     assert not (res.tokens == 9).any()
     out = tokens_to_grids(res.tokens)
     assert np.all(out[:, p.puzzle > 0] == p.puzzle[p.puzzle > 0])
-    assert sorted(res.order[0][res.order[0] >= 0].tolist()) == list(range(n_masked))
+    assert sorted(res.step_of[0][res.step_of[0] >= 0].tolist()) == list(range(n_masked))

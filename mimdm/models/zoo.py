@@ -52,12 +52,12 @@ def solve_rate(model: SudokuMDM, n_puzzles: int, clues=EVAL_CLUES, seed: int = E
     "seconds"}``; "valid" means a valid grid that keeps the givens (for a unique puzzle this
     equals solved).
     """
-    from ..sampling import decode_sequential
+    from ..decoding import Sequential, decode
 
     puzzles = sd.make_puzzles(n_puzzles, clues, np.random.default_rng(seed))
     grids = np.stack([p.puzzle for p in puzzles])
     t0 = time.perf_counter()
-    res = decode_sequential(model, grids_to_tokens(grids, model.device))
+    res = decode(model, grids_to_tokens(grids, model.device), Sequential("confidence"))
     dt = time.perf_counter() - t0
     out = tokens_to_grids(res.tokens)
     solved = np.array([np.array_equal(o, p.solution) for o, p in zip(out, puzzles)])

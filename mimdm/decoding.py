@@ -1,0 +1,319 @@
+"""One decoding loop over any `MaskedModel`, with pluggable unmasking rules.
+
+At every step the loop runs the MDM once on the batch (one NFE per unfinished sequence), asks the
+rule which masked positions to unmask (at least one per sequence), fills them by argmax or by
+sampling at a temperature, and records the step at which every position was unmasked. Positions
+are never re-masked. Rules that need the pairwise MI get it from the MI head (one head pass per
+step, counted separately) or, for the oracle, from probing (its passes counted separately).
+
+Rules (`Rule` subclasses), with their sources:
+    `Sequential`  one position per step by confidence (max probability; MaskGIT, Chang et al. 2022),
+                  entropy, top-2 margin (Kim et al. 2025) or random order (the MDM's own ancestral order).
+    `TopK`        k positions per step by confidence (fixed-step parallel decoding, e.g. LLaDA).
+    `Threshold`   every position with max probability >= tau, at least one (Fast-dLLM, Wu et al. 2025).
+    `EBSampler`   sort by entropy, take the largest prefix whose summed entropy minus its largest entropy
+                  is <= gamma (entropy-bounded sampler, Ben-Hamu et al. 2025).
+    `MIGuided`    by increasing entropy, admit a position only if its MI with every position already
+                  chosen is <= eps (and the summed MI stays within ``budget``), with an entropy cap
+                  (this study). ``source="head"`` uses the MI head, ``source="oracle"`` probing.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .models.base import MaskedModel
+
+
+@dataclass
+class StepInfo:
+    """What a rule sees at one step (all for the B unfinished sequences)."""
+
+    probs: Tensor  # [B, L, V]
+    entropy: Tensor  # [B, L] nats, 0 at unmasked positions
+    masked: Tensor  # [B, L] bool
+    tokens: Tensor  # [B, L]
+    hidden: Tensor  # [B, L, D]
+    generator: torch.Generator
+
+
+class Rule:
+    """Base class: ``select(info) -> [B, L] bool`` positions to unmask (subset of masked, >= 1 per row)."""
+
+    name = "rule"
+    knob: str | None = None
+
+    def select(self, info: StepInfo, model: MaskedModel) -> Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def cost(self) -> dict:
+        """Extra passes this rule spent (head passes, probing passes) since `reset`."""
+        return {}
+
+    def reset(self) -> None:
+        pass
+
+
+def _score_order(info: StepInfo, by: str) -> Tensor:
+    """``[B, L]`` score (higher = unmask first) for masked positions, -inf elsewhere."""
+    p = info.probs
+    if by == "confidence":
+        s = p.max(-1).values
+    elif by == "entropy":
+        s = -info.entropy
+    elif by == "margin":
+        top2 = p.topk(2, dim=-1).values
+        s = top2[..., 0] - top2[..., 1]
+    elif by == "random":
+        s = torch.rand(p.shape[:2], generator=info.generator, device=p.device)
+    else:
+        raise ValueError(f"unknown order {by!r}; use confidence, entropy, margin or random")
+    return s.masked_fill(~info.masked, float("-inf"))
+
+
+def _at_least_one(sel: Tensor, info: StepInfo, by: str = "confidence") -> Tensor:
+    """Add the best-scored masked position to rows with no selection."""
+    empty = ~sel.any(1) & info.masked.any(1)
+    if empty.any():
+        best = _score_order(info, by).argmax(1)
+        sel = sel.clone()
+        sel[empty, best[empty]] = True
+    return sel & info.masked
+
+
+@dataclass
+class Sequential(Rule):
+    """One position per step, chosen by ``order``: confidence | entropy | margin | random."""
+
+    order: str = "confidence"
+    name = "sequential"
+
+    def select(self, info, model):
+        best = _score_order(info, self.order).argmax(1)
+        sel = torch.zeros_like(info.masked)
+        sel[torch.arange(len(best)), best] = True
+        return sel & info.masked
+
+
+@dataclass
+class TopK(Rule):
+    """The ``k`` most confident masked positions per step."""
+
+    k: int = 2
+    name = "top-k"
+    knob = "k"
+
+    def select(self, info, model):
+        if self.k < 1:
+            raise ValueError(f"k must be >= 1, got {self.k}")
+        s = _score_order(info, "confidence")
+        k = min(self.k, s.shape[1])
+        idx = s.topk(k, dim=1).indices
+        sel = torch.zeros_like(info.masked).scatter(1, idx, True)
+        return _at_least_one(sel & info.masked, info)
+
+
+@dataclass
+class Threshold(Rule):
+    """Fast-dLLM confidence threshold: every masked position with max probability >= ``tau``."""
+
+    tau: float = 0.9
+    name = "threshold"
+    knob = "tau"
+
+    def select(self, info, model):
+        sel = (info.probs.max(-1).values >= self.tau) & info.masked
+        return _at_least_one(sel, info)
+
+
+@dataclass
+class EBSampler(Rule):
+    """Entropy-bounded sampler: the largest entropy-sorted prefix with Σ H − max H <= ``gamma`` (nats)."""
+
+    gamma: float = 0.1
+    name = "EB-sampler"
+    knob = "gamma"
+
+    def select(self, info, model):
+        ent = info.entropy.masked_fill(~info.masked, float("inf"))
+        sorted_e, idx = ent.sort(1)
+        finite = torch.isfinite(sorted_e)
+        e0 = torch.where(finite, sorted_e, torch.zeros_like(sorted_e))
+        # prefix sums minus the prefix maximum (the last element, since sorted ascending)
+        ok = (e0.cumsum(1) - e0 <= self.gamma) & finite
+        ok = ok.int().cumprod(1).bool()  # prefix property
+        sel = torch.zeros_like(info.masked).scatter(1, idx, ok)
+        return _at_least_one(sel, info, "entropy")
+
+
+@dataclass
+class MIGuided(Rule):
+    """MI-guided parallel unmasking (this study).
+
+    Candidates are visited by increasing entropy (only those with entropy <= ``entropy_cap`` nats,
+    the first always admitted); a candidate joins the set S if its MI with every member of S is
+    <= ``eps`` nats and the summed MI of its pairs with S keeps the set's total within ``budget``.
+    ``eps = inf`` unmasks every capped position at once; ``eps = 0`` with a model that gives
+    positive MI everywhere unmasks one position per step.
+
+    Args:
+        mi_fn: ``(tokens [B, L], info) -> MI [B, L, L]`` nats; see `head_mi_fn` and `oracle_mi_fn`.
+    """
+
+    mi_fn: object = None
+    eps: float = 0.01
+    budget: float = float("inf")
+    entropy_cap: float = float("inf")
+    name = "MI-guided"
+    knob = "eps"
+    _cost: dict = field(default_factory=lambda: {"head_passes": 0, "probe_passes": 0})
+
+    def reset(self):
+        self._cost = {"head_passes": 0, "probe_passes": 0}
+
+    def cost(self):
+        return dict(self._cost)
+
+    def select(self, info, model):
+        mi, extra = self.mi_fn(info, model)
+        for k, v in extra.items():
+            self._cost[k] += v
+        B, L = info.masked.shape
+        ent = info.entropy.masked_fill(~info.masked, float("inf"))
+        order = ent.argsort(1)
+        sel = torch.zeros_like(info.masked)
+        for b in range(B):
+            chosen: list[int] = []
+            total = 0.0
+            m_b = mi[b]
+            for pos in order[b].tolist():
+                if not info.masked[b, pos]:
+                    break
+                if chosen and ent[b, pos] > self.entropy_cap:
+                    break
+                if chosen:
+                    row = m_b[pos, chosen]
+                    if float(row.max()) > self.eps or total + float(row.sum()) > self.budget:
+                        continue
+                    total += float(row.sum())
+                chosen.append(pos)
+            sel[b, chosen] = True
+        return _at_least_one(sel, info, "entropy")
+
+
+def head_mi_fn(head, layer: int = -1):
+    """MI source for `MIGuided` from an MI head on the step's hidden states (one head pass per step).
+
+    The hidden states must be those of ``layer`` (the loop passes the layer to the model).
+    """
+
+    def fn(info: StepInfo, model: MaskedModel):
+        with torch.no_grad():
+            mi = head(info.hidden, info.masked, info.entropy)
+        return mi, {"head_passes": 1}
+
+    fn.layer = layer
+    return fn
+
+
+def oracle_mi_fn(delta: float = 0.0, batch_tokens: int = 81 * 512):
+    """MI source for `MIGuided` from ground-truth probing at every step (its passes counted separately)."""
+    from .probing import probe_mi
+
+    def fn(info: StepInfo, model: MaskedModel):
+        res = probe_mi(model, info.tokens, delta=delta, batch_tokens=batch_tokens)
+        return res.mi.float(), {"probe_passes": int(res.nfe.sum())}
+
+    fn.layer = -1
+    return fn
+
+
+@dataclass
+class DecodeOutput:
+    """Result of `decode`.
+
+    Attributes:
+        tokens: ``[B, L]`` long, fully unmasked.
+        step_of: ``[B, L]`` long, step at which each position was unmasked (-1: given).
+        nfe: ``[B]`` long, MDM forward passes each sequence took (= its number of steps).
+        extra_passes: head/probing passes (totals over the batch).
+        seconds: wall-clock of the whole call.
+    """
+
+    tokens: Tensor
+    step_of: Tensor
+    nfe: Tensor
+    extra_passes: dict
+    seconds: float
+
+
+@torch.no_grad()
+def decode(model: MaskedModel, tokens_BL: Tensor, rule: Rule, temperature: float = 0.0, seed: int = 0,
+           batch_size: int = 256) -> DecodeOutput:
+    """Decode every masked position of ``tokens_BL`` with ``rule``.
+
+    Args:
+        model: the MDM.
+        tokens_BL: ``[B, L]`` long with ``model.mask_id`` at the positions to generate.
+        rule: a `Rule` instance.
+        temperature: 0 for argmax values; > 0 samples from softmax(logits / temperature).
+        seed: seed of the sampling and of random orders (same seed, same result).
+        batch_size: sequences per forward pass.
+
+    Returns:
+        `DecodeOutput` (NFE per sequence; head/probing passes separately; seconds).
+
+    Raises:
+        ValueError: negative temperature; whatever `MaskedModel.check_tokens` raises.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    model.check_tokens(tokens_BL)
+    model.eval()
+    rule.reset()
+    layer = getattr(getattr(rule, "mi_fn", None), "layer", -1)
+    gen = torch.Generator(device=tokens_BL.device).manual_seed(seed)
+    legal = model.legal_values(tokens_BL.shape[1])
+    t0 = time.perf_counter()
+    outs = []
+    for s in range(0, tokens_BL.shape[0], batch_size):
+        x = tokens_BL[s:s + batch_size].clone()
+        B, L = x.shape
+        step_of = torch.full((B, L), -1, dtype=torch.long, device=x.device)
+        nfe = torch.zeros(B, dtype=torch.long, device=x.device)
+        step = 0
+        while True:
+            masked = model.is_masked(x)
+            active = torch.nonzero(masked.any(1)).squeeze(1)
+            if len(active) == 0:
+                break
+            xa = x[active]
+            out = model(xa, layer=layer)
+            logits = out.logits.float().masked_fill(~legal, float("-inf"))
+            logp = torch.log_softmax(logits, -1)
+            p = logp.exp()
+            ma = masked[active]
+            ent = -(p * logp.clamp_min(-1e30)).sum(-1) * ma
+            info = StepInfo(probs=p, entropy=ent, masked=ma, tokens=xa, hidden=out.hidden, generator=gen)
+            sel = rule.select(info, model)
+            if not (sel.any(1)).all() or (sel & ~ma).any():
+                raise RuntimeError(f"rule {rule.name} selected no or unmasked positions")
+            if temperature > 0:
+                flat = torch.softmax(logits / temperature, -1).reshape(-1, p.shape[-1])
+                vals = torch.multinomial(flat, 1, generator=gen).reshape(p.shape[:2])
+            else:
+                vals = p.argmax(-1)
+            new = torch.where(sel, model.value_token_ids[vals], xa)
+            x[active] = new
+            so = step_of[active]
+            so[sel] = step
+            step_of[active] = so
+            nfe[active] += 1
+            step += 1
+        outs.append((x, step_of, nfe))
+    return DecodeOutput(tokens=torch.cat([o[0] for o in outs]), step_of=torch.cat([o[1] for o in outs]),
+                        nfe=torch.cat([o[2] for o in outs]), extra_passes=rule.cost(),
+                        seconds=time.perf_counter() - t0)

@@ -1,0 +1,106 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mimdm.data import sudoku as sd
+from mimdm.decoding import (EBSampler, MIGuided, Sequential, Threshold, TopK, decode, head_mi_fn, oracle_mi_fn)
+from mimdm.heads import MIHead, MIHeadConfig
+from mimdm.models.oracle import TableJointMDM, potts_chain_log_joint
+from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
+from mimdm.models.zoo import grids_to_tokens
+
+TINY = SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return SudokuMDM(TINY).eval()
+
+
+@pytest.fixture(scope="module")
+def puzzles():
+    ps = sd.make_puzzles(3, (30, 32), np.random.default_rng(0))
+    return grids_to_tokens(np.stack([p.puzzle for p in ps]))
+
+
+def _check(out, x):
+    masked = x == 9
+    assert not (out.tokens == 9).any()
+    assert torch.equal(out.tokens[~masked], x[~masked])  # givens kept, never re-masked
+    assert ((out.step_of >= 0) == masked).all()
+    assert torch.equal(out.nfe, out.step_of.max(1).values + 1)  # one pass per step
+
+
+@pytest.mark.parametrize("order", ["confidence", "entropy", "margin", "random"])
+def test_sequential_uses_exactly_one_pass_per_masked_cell(tiny, puzzles, order):
+    out = decode(tiny, puzzles, Sequential(order))
+    _check(out, puzzles)
+    assert torch.equal(out.nfe, (puzzles == 9).sum(1))
+
+
+@pytest.mark.parametrize("rule", [TopK(3), Threshold(0.5), EBSampler(0.5)])
+def test_parallel_rules_unmask_at_least_one_and_finish(tiny, puzzles, rule):
+    out = decode(tiny, puzzles, rule)
+    _check(out, puzzles)
+    assert (out.nfe <= (puzzles == 9).sum(1)).all()
+
+
+def test_topk_step_count(tiny, puzzles):
+    out = decode(tiny, puzzles, TopK(4))
+    assert torch.equal(out.nfe, ((puzzles == 9).sum(1) + 3) // 4)
+
+
+def test_threshold_one_is_sequential_and_zero_is_one_step(tiny, puzzles):
+    assert torch.equal(decode(tiny, puzzles, Threshold(1.01)).nfe, (puzzles == 9).sum(1))
+    assert (decode(tiny, puzzles, Threshold(0.0)).nfe == 1).all()
+
+
+def test_mi_guided_limits(tiny, puzzles):
+    torch.manual_seed(0)
+    head = MIHead(MIHeadConfig(32, d_hidden=16, rank=8)).eval()
+    inf = decode(tiny, puzzles, MIGuided(head_mi_fn(head), eps=math.inf))
+    assert (inf.nfe == 1).all()  # no MI limit, no entropy cap: everything at once
+    zero = decode(tiny, puzzles, MIGuided(head_mi_fn(head), eps=0.0))
+    assert torch.equal(zero.nfe, (puzzles == 9).sum(1))  # positive MI everywhere: sequential
+    assert zero.extra_passes["head_passes"] == int(zero.nfe.max())
+
+
+def test_mi_guided_oracle_on_exact_model_unmasks_independent_positions_together():
+    """X0 = X1 (coupled), X2 independent: with eps small the oracle rule unmasks {lowest entropy, X2}-style
+    independent sets and never the coupled pair together."""
+    V = 3
+    states = torch.tensor([[a, a, c] for a in range(V) for c in range(V)])
+    model = TableJointMDM.from_samples(states, V)
+    x = torch.full((1, 3), V)
+    out = decode(model, x, MIGuided(oracle_mi_fn(), eps=1e-6))
+    s = out.step_of[0]
+    assert s[0] != s[1]  # the coupled pair is never unmasked in the same step
+    assert out.nfe.item() == 2 and out.extra_passes["probe_passes"] > 0
+    # the result is a state of the support
+    assert out.tokens[0, 0] == out.tokens[0, 1]
+
+
+def test_same_seed_same_result_and_temperature_sampling(tiny, puzzles):
+    a = decode(tiny, puzzles, EBSampler(0.3), temperature=1.0, seed=7)
+    b = decode(tiny, puzzles, EBSampler(0.3), temperature=1.0, seed=7)
+    c = decode(tiny, puzzles, EBSampler(0.3), temperature=1.0, seed=8)
+    assert torch.equal(a.tokens, b.tokens) and not torch.equal(a.tokens, c.tokens)
+    with pytest.raises(ValueError, match="temperature"):
+        decode(tiny, puzzles, Sequential(), temperature=-1)
+
+
+def test_eb_sampler_prefix_rule():
+    """Entropies 0.1, 0.2, 0.3 (+unmasked): gamma=0.25 admits the prefix {0.1, 0.2} (0.3 - 0.2 = 0.1),
+    not {0.1, 0.2, 0.3} (0.6 - 0.3 = 0.3)."""
+    from mimdm.decoding import StepInfo
+
+    ent = torch.tensor([[0.3, 0.1, 0.0, 0.2]])
+    masked = torch.tensor([[True, True, False, True]])
+    info = StepInfo(probs=torch.full((1, 4, 2), 0.5), entropy=ent, masked=masked, tokens=torch.zeros(1, 4, dtype=torch.long),
+                    hidden=torch.zeros(1, 4, 1), generator=torch.Generator())
+    assert EBSampler(0.25).select(info, None).tolist() == [[False, True, False, True]]
+    assert EBSampler(0.35).select(info, None).tolist() == [[True, True, False, True]]
+    assert EBSampler(0.0).select(info, None).tolist() == [[False, True, False, False]]
