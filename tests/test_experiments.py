@@ -60,3 +60,30 @@ def test_constraint_recovery_of_graph_shaped_maps():
     rates = masked.float().mean(1).numpy()
     rows = mh.recovery_by_rate(rec, rec, rates)
     assert sum(r["n_contexts"] for r in rows) == 6 and all(r["pred_auroc"] == 1.0 for r in rows)
+
+
+def test_speedup_scoring_and_tables():
+    from mimdm.experiments import speedup as sp
+    from mimdm.models.zoo import grids_to_tokens
+
+    rng = np.random.default_rng(0)
+    ps = sp.hard_puzzles(3, (30, 31), rng)
+    assert len(ps) == 3 and all(p.n_clues in (30, 31) for p in ps)
+    sol = grids_to_tokens(np.stack([p.solution for p in ps]))
+    assert sp.score_solving(sol, ps) == {"solve_rate": 1.0, "valid_rate": 1.0}
+    wrong = sol.clone()
+    wrong[0, :2] = wrong[0, [1, 0]] if wrong[0, 0] != wrong[0, 1] else wrong[0, :2]
+    assert sp.score_solving(wrong, ps)["solve_rate"] == pytest.approx(2 / 3)
+    ctx = sp.generation_contexts(4, 3, rng)
+    assert ((ctx > 0).sum(1) <= 3).all()
+    g = sp.score_generation(grids_to_tokens(sd.random_solutions(4, rng)), np.zeros((4, 81), np.int8))
+    assert g["valid_rate"] == 1.0 and g["distinct_valid"] == 1.0 and 0.5 < g["mean_hamming"] <= 1.0
+    rows = [{"rule": "sequential", "knob": float("nan"), "nfe": 50, "seconds": 1.0, "solve_rate": 0.9},
+            {"rule": "top-k", "knob": 2, "nfe": 25, "seconds": 0.5, "solve_rate": 0.895},
+            {"rule": "top-k", "knob": 4, "nfe": 13, "seconds": 0.25, "solve_rate": 0.7},
+            {"rule": "EB-sampler", "knob": 0.1, "nfe": 30, "seconds": 0.7, "solve_rate": 0.5}]
+    m = {r["rule"]: r for r in sp.matched_quality(rows, "solve_rate", 0.01)}
+    assert m["top-k"]["knob"] == 2 and m["top-k"]["nfe_reduction"] == 2.0
+    assert np.isnan(m["EB-sampler"]["nfe"])
+    q = sp.quality_at_budget(rows, "solve_rate", [13, 30])
+    assert q[0]["top-k"] == 0.7 and np.isnan(q[0]["EB-sampler"]) and q[1]["top-k"] == 0.895
