@@ -213,7 +213,7 @@ def head_mi_fn(head, layer: int = -1):
     def fn(info: StepInfo, model: MaskedModel):
         with torch.no_grad():
             mi = head(info.hidden, info.masked, info.entropy)
-        return mi, {"head_passes": 1}
+        return mi, {"head_passes": int(info.masked.shape[0])}  # one head pass per unfinished sequence
 
     fn.layer = layer
     return fn
@@ -239,7 +239,7 @@ class DecodeOutput:
         tokens: ``[B, L]`` long, fully unmasked.
         step_of: ``[B, L]`` long, step at which each position was unmasked (-1: given).
         nfe: ``[B]`` long, MDM forward passes each sequence took (= its number of steps).
-        extra_passes: head/probing passes (totals over the batch).
+        extra_passes: head passes and probing passes, totals over the batch (a head pass per unfinished sequence per step).
         seconds: wall-clock of the whole call.
     """
 

@@ -37,6 +37,10 @@ class Profile:
         ablation_layers: hidden layers compared in the layer ablation (each must be in ``labels.layers``).
         ablation_epochs: epochs of each ablation head.
         agreement_contexts: under-determined grids compared with the true data MI in chapter 3.
+        hard_puzzles: size of the hard-puzzle evaluation set (chapter 5).
+        hard_clues: clue range of the hard puzzles.
+        generation_contexts: size of the generation set; ``generation_max_clues`` its most clues.
+        oracle_puzzles: hard puzzles also decoded with the probing oracle (expensive).
     """
 
     name: str
@@ -57,6 +61,11 @@ class Profile:
     ablation_layers: tuple[int, ...] = (1, 3, -1)
     ablation_epochs: int = 10
     agreement_contexts: int = 12
+    hard_puzzles: int = 300
+    hard_clues: tuple[int, int] = (24, 26)
+    generation_contexts: int = 200
+    generation_max_clues: int = 5
+    oracle_puzzles: int = 20
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -82,6 +91,10 @@ PROFILES: dict[str, Profile] = {
         ablation_layers=(1, -1),
         ablation_epochs=2,
         agreement_contexts=3,
+        hard_puzzles=6,
+        hard_clues=(30, 32),
+        generation_contexts=6,
+        oracle_puzzles=2,
     ),
     "cpu": Profile(
         name="cpu",
@@ -113,6 +126,10 @@ PROFILES: dict[str, Profile] = {
         ablation_layers=(1, 2, 3, -1),
         ablation_epochs=15,
         agreement_contexts=48,
+        hard_puzzles=1000,
+        hard_clues=(22, 25),
+        generation_contexts=1000,
+        oracle_puzzles=100,
     ),
 }
 

@@ -66,7 +66,7 @@ def rule_grid(head=None, layer: int = -1, oracle: bool = False, knobs: dict | No
     if head is not None:
         out += [("MI-guided", v, MIGuided(head_mi_fn(head, layer), eps=v)) for v in k["MI-guided"]]
     if oracle:
-        out += [("MI-oracle", v, MIGuided(oracle_mi_fn(), eps=v)) for v in k["MI-guided"]]
+        out += [("MI-oracle", v, MIGuided(oracle_mi_fn(delta=0.01), eps=v)) for v in k.get("MI-oracle", [1e-3, 1e-2, 3e-2])]
     return out
 
 
