@@ -1,9 +1,11 @@
 """Label generation for the MI head: contexts, their ground-truth MI by probing, hidden states.
 
-Contexts are drawn the way decoding visits them: for every *source* (a random solution grid, the
-unit of the train/validation/test split) the generator takes ``contexts_per_source - 1`` random
-maskings at rates spread over (0, 1] and one state from the model's own sequential decoding
-trajectory (start from a random masking at rate in [0.5, 1], decode a random number of steps).
+Contexts are drawn the way decoding visits them. Every *source* (the unit of the
+train/validation/test split) is either a real puzzle with a unique solution (24-35 clues) or a
+random solution grid, with equal probability. The generator takes ``contexts_per_source - 1``
+random maskings of the source's solution at rates spread over (0, 1], and one state from the
+model's own sequential decoding trajectory (started from the puzzle's givens, or from a random
+subset of 0-40 cells of the grid, and stopped after a random number of steps).
 Each context is stored with its probed MI matrix (nats), the marginal entropies, and the MDM's
 hidden states at the configured layers.
 
@@ -66,18 +68,23 @@ def make_contexts(model: MaskedModel, cfg: LabelConfig, shard: int) -> tuple[np.
     """
     rng = np.random.default_rng([cfg.seed, shard])
     n_src = cfg.sources_per_shard
-    sols = sd.random_solutions(n_src, rng)
     grids, src, kind = [], [], []
     starts = []
     for s in range(n_src):
         sid = shard * n_src + s
+        if rng.random() < 0.5:  # a real puzzle: its solution, and decoding starts from its givens
+            p = sd.make_puzzle(int(rng.integers(24, 36)), rng)
+            sol, start = p.solution, p.puzzle.copy()
+        else:  # a solution grid; decoding starts from an under-determined subset of it
+            sol = sd.random_solutions(1, rng)[0]
+            start = sd.random_partial(sol, int(rng.integers(0, 41)), rng)
         for _ in range(cfg.contexts_per_source - 1):
             rate = rng.uniform(cfg.min_mask_rate, 1.0)
             n_clues = 81 - max(1, int(round(81 * rate)))
-            grids.append(sd.random_partial(sols[s], n_clues, rng))
+            grids.append(sd.random_partial(sol, n_clues, rng))
             src.append(sid)
             kind.append(0)
-        starts.append(sd.random_partial(sols[s], int(rng.integers(0, 41)), rng))
+        starts.append(start)
     # trajectory states: decode each start sequentially and stop after a random number of steps
     start = np.stack(starts)
     res = decode(model, grids_to_tokens(start, model.device), Sequential("confidence"))
