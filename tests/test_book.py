@@ -51,11 +51,16 @@ def test_smoke_book_runs_and_builds(tmp_path):
     assert res["profile"] == "smoke"
     v = res["values"]
     assert v["oracle"]["max_abs_error"] < 1e-6
-    assert len(v["levels"]) == 4 and all(0 <= lv["auroc"] <= 1 for lv in v["levels"])
-    nb = nbformat.read(root / CHAPTERS[0], 4)
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
-    assert not errors
-    pngs = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-    assert pngs >= 5
-    html = (root / "_build" / "html" / "book" / "01_ground_truth_mi.html").read_text()
-    assert "Ground-truth MI" in html and html.count("<img") >= 5
+    assert len(v["levels"]) == 5 and all(0 <= lv["auroc"] <= 1 for lv in v["levels"])
+    assert v["levels"][-1]["contexts"] == "unique puzzles"
+    for stem in RESULTS.values():
+        assert json.loads((root / "book" / "results" / f"{stem}.json").read_text())["profile"] == "smoke"
+    for ch in CHAPTERS:
+        nb = nbformat.read(root / ch, 4)
+        errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+        assert not errors, ch
+        pngs = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+        assert pngs >= 2, ch
+        html = (root / "_build" / "html" / ch.replace(".ipynb", ".html")).read_text()
+        assert html.count("<img") >= 2, ch
+    assert "Ground-truth MI" in (root / "_build" / "html" / "book" / "01_ground_truth_mi.html").read_text()

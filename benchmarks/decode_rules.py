@@ -1,0 +1,45 @@
+"""Benchmark: NFE and wall-clock of every unmasking rule against sequential decoding, in one process.
+
+Prints one line per rule setting with its solve rate, NFE and wall-clock per puzzle and the ratios
+sequential / rule (so the ratios are comparable: same machine, same process, same puzzles).
+
+    .venv/bin/python benchmarks/decode_rules.py --profile cpu --n 100
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+from mimdm.device import resolve_device
+from mimdm.experiments import mi_head as mh
+from mimdm.experiments import speedup as sp
+from mimdm.models.zoo import grids_to_tokens, load_or_train_sudoku_mdm
+from mimdm.profiles import get_profile
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="cpu")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--n", type=int, default=100, help="puzzles")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    P = get_profile(args.profile)
+    dev = resolve_device(args.device)
+    model, rec = load_or_train_sudoku_mdm(P.sudoku_model, P.sudoku_train, device=dev, n_eval=P.solve_eval_puzzles)
+    head = mh.prepare(P, model, rec["path"], ablations=False)["head"]
+    puzzles = sp.hard_puzzles(args.n, P.hard_clues, np.random.default_rng(args.seed))
+    x = grids_to_tokens(np.stack([p.puzzle for p in puzzles]), dev)
+    rows = sp.sweep(model, x, sp.rule_grid(head, P.head_train.layer), lambda t: sp.score_solving(t, puzzles), progress=True)
+    seq = rows[0]
+    print(f"{'rule':12s} {'knob':>7s} {'solve':>6s} {'NFE':>7s} {'ms/puzzle':>10s} {'NFE ratio':>10s} {'time ratio':>10s}")
+    for r in rows:
+        print(f"{r['rule']:12s} {r['knob']:7.4g} {r['solve_rate']:6.3f} {r['nfe']:7.2f} {1e3 * r['seconds']:10.2f} "
+              f"{seq['nfe'] / r['nfe']:10.2f} {seq['seconds'] / r['seconds']:10.2f}")
+    print(f"torch {torch.__version__}, device {dev}, threads {torch.get_num_threads()}")
+
+
+if __name__ == "__main__":
+    main()
