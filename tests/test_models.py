@@ -132,7 +132,7 @@ def test_training_memorises_one_grid(tmp_path):
 def test_mdm_loss_weightings():
     m = SudokuMDM(TINY)
     v = torch.randint(0, 9, (8, 81))
-    for w in ("none", "mdlm"):
+    for w in ("example", "none", "mdlm"):
         loss = mdm_loss(m, v, torch.Generator().manual_seed(0), weighting=w)
         assert torch.isfinite(loss) and loss > 0
     with pytest.raises(ValueError, match="unknown weighting"):

@@ -2,11 +2,16 @@
 
 Objective (MDLM, Sahoo et al. 2024; MD4, Shi et al. 2024): for each example draw a masking rate
 t ~ U(0, 1], mask every position independently with probability t (at least one position), and
-minimise the cross-entropy of the true values at the masked positions. ``weighting="none"``
-(the default, used for all models of the study) averages the cross-entropy over the masked
-positions of the batch: it trains the conditionals p(x_i | x_unmasked) that decoding and probing
-use, with lower gradient variance than the ELBO weighting. ``weighting="mdlm"`` applies the 1/t
-weight of the continuous-time NELBO (per-example sum over masked positions / (t·L)).
+minimise the cross-entropy of the true values at the masked positions. Weightings:
+
+- ``"none"`` (used for the study's Sudoku models): the mean cross-entropy over all masked
+  positions of the batch, no 1/t weight. It trains the conditionals p(x_i | x_unmasked) that
+  decoding and probing use, with the lowest gradient variance (measured: it memorises a grid
+  about 3x faster than ``"example"``); examples with many masked positions weigh more.
+- ``"example"``: the mean over each example's masked positions, averaged over the batch: every
+  masking rate weighs the same, as under the ELBO's 1/t weighting (Σ_masked CE / (t·L) ≈ the
+  per-example mean), without the 1/t variance.
+- ``"mdlm"``: the continuous-time NELBO weighting (per-example sum over masked positions / (t·L)).
 """
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.01
     grad_clip: float = 1.0
-    weighting: str = "none"  # "none" | "mdlm"
+    weighting: str = "none"  # "none" | "example" | "mdlm"
     min_t: float = 1e-3
     seed: int = 0
     ckpt_every: int = 250
@@ -55,7 +60,7 @@ class TrainConfig:
 
 
 #: Bump when the objective or the optimiser set-up changes, so cached models are not reused.
-OBJECTIVE_VERSION = "mdm-ce-adamw-v1"
+OBJECTIVE_VERSION = "mdm-ce-adamw-v2"
 
 
 def mask_tokens(values_BL: Tensor, model: MaskedModel, t_B: Tensor, generator: torch.Generator,
@@ -95,11 +100,13 @@ def mdm_loss(model: MaskedModel, values_BL: Tensor, generator: torch.Generator, 
     logits = model(tokens).logits
     ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2).float(), values_BL, reduction="none")  # [B, L]
     ce = ce * masked
+    if weighting == "example":
+        return (ce.sum(1) / masked.sum(1).clamp_min(1)).mean()
     if weighting == "none":
         return ce.sum() / masked.sum().clamp_min(1)
     if weighting == "mdlm":
         return (ce.sum(1) / (t * L)).mean()
-    raise ValueError(f"unknown weighting {weighting!r}; use 'none' or 'mdlm'")
+    raise ValueError(f"unknown weighting {weighting!r}; use 'example', 'none' or 'mdlm'")
 
 
 def _lr_at(step: int, cfg: TrainConfig) -> float:
