@@ -183,24 +183,24 @@ class MIGuided(Rule):
             self._cost[k] += v
         B, L = info.masked.shape
         ent = info.entropy.masked_fill(~info.masked, float("inf"))
-        order = ent.argsort(1)
+        order = ent.argsort(1)  # masked positions first, by increasing entropy
+        rows = torch.arange(B, device=ent.device)
         sel = torch.zeros_like(info.masked)
-        for b in range(B):
-            chosen: list[int] = []
-            total = 0.0
-            m_b = mi[b]
-            for pos in order[b].tolist():
-                if not info.masked[b, pos]:
-                    break
-                if chosen and ent[b, pos] > self.entropy_cap:
-                    break
-                if chosen:
-                    row = m_b[pos, chosen]
-                    if float(row.max()) > self.eps or total + float(row.sum()) > self.budget:
-                        continue
-                    total += float(row.sum())
-                chosen.append(pos)
-            sel[b, chosen] = True
+        total = torch.zeros(B, dtype=mi.dtype, device=mi.device)
+        # greedy admission, vectorised over the batch: visit the k-th lowest-entropy candidate of
+        # every sequence at once
+        for k in range(L):
+            pos = order[:, k]
+            cand = info.masked[rows, pos]
+            if not cand.any():
+                break
+            first = ~sel.any(1)
+            row_mi = mi[rows, pos] * sel  # [B, L]: MI with the positions chosen so far
+            ok = cand & (first | ((row_mi.max(1).values <= self.eps)
+                                  & (total + row_mi.sum(1) <= self.budget)
+                                  & (ent[rows, pos] <= self.entropy_cap)))
+            total = total + torch.where(ok, row_mi.sum(1), torch.zeros_like(total))
+            sel[rows[ok], pos[ok]] = True
         return _at_least_one(sel, info, "entropy")
 
 

@@ -104,3 +104,22 @@ def test_eb_sampler_prefix_rule():
     assert EBSampler(0.25).select(info, None).tolist() == [[False, True, False, True]]
     assert EBSampler(0.35).select(info, None).tolist() == [[True, True, False, True]]
     assert EBSampler(0.0).select(info, None).tolist() == [[False, True, False, False]]
+
+
+def test_mi_guided_greedy_admission_eps_budget_and_cap():
+    from mimdm.decoding import StepInfo
+
+    ent = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.0]])
+    masked = torch.tensor([[True, True, True, True, False]])
+    mi = torch.zeros(1, 5, 5)
+    mi[0, 0, 1] = mi[0, 1, 0] = 0.5  # 0 and 1 strongly dependent
+    mi[0, 2, 3] = mi[0, 3, 2] = 0.004
+    mi[0, 0, 3] = mi[0, 3, 0] = 0.004
+    info = StepInfo(probs=torch.full((1, 5, 2), 0.5), entropy=ent, masked=masked, tokens=torch.zeros(1, 5, dtype=torch.long),
+                    hidden=torch.zeros(1, 5, 1), generator=torch.Generator())
+    fn = lambda info, model: (mi, {})  # noqa: E731
+    assert MIGuided(fn, eps=0.01).select(info, None).tolist() == [[True, False, True, True, False]]
+    assert MIGuided(fn, eps=0.001).select(info, None).tolist() == [[True, False, True, False, False]]
+    # budget: admitting 3 would bring the summed MI of the set to 0.008 > 0.005
+    assert MIGuided(fn, eps=0.01, budget=0.005).select(info, None).tolist() == [[True, False, True, False, False]]
+    assert MIGuided(fn, eps=1.0, entropy_cap=0.25).select(info, None).tolist() == [[True, True, False, False, False]]
