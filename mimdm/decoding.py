@@ -94,7 +94,7 @@ class Sequential(Rule):
     def select(self, info, model):
         best = _score_order(info, self.order).argmax(1)
         sel = torch.zeros_like(info.masked)
-        sel[torch.arange(len(best)), best] = True
+        sel[torch.arange(len(best), device=best.device), best] = True
         return sel & info.masked
 
 
@@ -188,19 +188,17 @@ class MIGuided(Rule):
         sel = torch.zeros_like(info.masked)
         total = torch.zeros(B, dtype=mi.dtype, device=mi.device)
         # greedy admission, vectorised over the batch: visit the k-th lowest-entropy candidate of
-        # every sequence at once
-        for k in range(L):
+        # every sequence at once (one host sync for the loop bound, none inside)
+        for k in range(int(info.masked.sum(1).max())):
             pos = order[:, k]
             cand = info.masked[rows, pos]
-            if not cand.any():
-                break
             first = ~sel.any(1)
             row_mi = mi[rows, pos] * sel  # [B, L]: MI with the positions chosen so far
             ok = cand & (first | ((row_mi.max(1).values <= self.eps)
                                   & (total + row_mi.sum(1) <= self.budget)
                                   & (ent[rows, pos] <= self.entropy_cap)))
             total = total + torch.where(ok, row_mi.sum(1), torch.zeros_like(total))
-            sel[rows[ok], pos[ok]] = True
+            sel[rows, pos] |= ok
         return _at_least_one(sel, info, "entropy")
 
 

@@ -141,6 +141,8 @@ def mi_loss(pred_BLL: Tensor, target_BLL: Tensor, masked_BL: Tensor, kind: str =
     pairs = masked_BL[:, :, None] & masked_BL[:, None, :]
     pairs = pairs & torch.ones(L, L, dtype=torch.bool, device=pairs.device).triu(1)
     p, t = pred_BLL[pairs], target_BLL[pairs].float()
+    if p.numel() == 0:
+        return pred_BLL.sum() * 0.0  # no masked pair in the batch
     if kind == "mse":
         return ((p - t) ** 2).mean()
     err = (torch.log1p(p / scale) - torch.log1p(t / scale)) ** 2
@@ -175,14 +177,14 @@ def _batches(n: int, bs: int, rng: np.random.Generator | None):
         yield torch.from_numpy(idx[s:s + bs])
 
 
-def evaluate_loss(head: MIHead, data: dict, layer: int, kind: str, batch_size: int = 64) -> float:
+def evaluate_loss(head: MIHead, data: dict, layer: int, kind: str, mask_id: int, batch_size: int = 64) -> float:
     """Mean loss of ``head`` on a label split (``data`` from `mimdm.labels.load_labels`)."""
     head.eval()
     tot, n = 0.0, 0
     with torch.no_grad():
         for b in _batches(len(data["tokens"]), batch_size, None):
             h = data[f"hidden_{layer}"][b]
-            masked = data["tokens"][b] == 9 if "mask_id" not in data else data["tokens"][b] == data["mask_id"]
+            masked = data["tokens"][b] == mask_id
             pred = head(h, masked, data["entropy"][b])
             tot += mi_loss(pred, data["mi"][b], masked, kind).item() * len(b)
             n += len(b)
@@ -211,8 +213,6 @@ def train_head(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrainCon
     rng = np.random.default_rng(cfg.seed)
     head = MIHead(head_cfg)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    train = {**train, "mask_id": mask_id}
-    val = {**val, "mask_id": mask_id}
     best, best_state, bad, log = float("inf"), None, 0, []
     t0 = time.perf_counter()
     for epoch in tqdm(range(cfg.epochs), desc="train MI head", unit="epoch", disable=not progress):
@@ -226,7 +226,7 @@ def train_head(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrainCon
             loss.backward()
             opt.step()
             losses.append(loss.item())
-        v = evaluate_loss(head, val, cfg.layer, cfg.loss)
+        v = evaluate_loss(head, val, cfg.layer, cfg.loss, mask_id)
         log.append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)), "val_loss": v,
                     "seconds": time.perf_counter() - t0})
         if v < best - 1e-6:
@@ -235,6 +235,8 @@ def train_head(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrainCon
             bad += 1
             if bad >= cfg.patience:
                 break
+    if best_state is None:
+        raise RuntimeError("the validation loss was never finite: check the labels (empty validation split?)")
     head.load_state_dict(best_state)
     head.eval()
     return head, log

@@ -3,7 +3,7 @@
 Contexts are drawn the way decoding visits them. Every *source* (the unit of the
 train/validation/test split) is either a real puzzle with a unique solution (24-35 clues) or a
 random solution grid, with equal probability. The generator takes ``contexts_per_source - 1``
-random maskings of the source's solution at rates spread over (0, 1], and one state from the
+random maskings of the source's solution at rates uniform in [``min_mask_rate``, 1] (0.05 by default), and one state from the
 model's own sequential decoding trajectory (started from the puzzle's givens, or from a random
 subset of 0-40 cells of the grid, and stopped after a random number of steps).
 Each context is stored with its probed MI matrix (nats), the marginal entropies, and the MDM's
@@ -143,7 +143,10 @@ def generate_labels(model: MaskedModel, cfg: LabelConfig, out_dir: Path, progres
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     man_path = out_dir / "manifest.json"
-    manifest = json.loads(man_path.read_text()) if man_path.exists() else {"config": cfg.to_dict(), "shards": {}}
+    config = json.loads(json.dumps(cfg.to_dict()))  # as stored (tuples become lists)
+    manifest = json.loads(man_path.read_text()) if man_path.exists() else {"config": config, "shards": {}}
+    if manifest["config"] != config:
+        raise ValueError(f"{out_dir} holds labels of another config; use a new folder (see label_dir)")
     todo = [k for k in range(cfg.n_shards) if str(k) not in manifest["shards"]]
     done_now = 0
     model.eval()

@@ -62,11 +62,15 @@ def predict_from_labels(head: MIHead, data: dict, layer: int, mask_id: int, batc
     return torch.cat(out)
 
 
-def accuracy(pred: torch.Tensor, data: dict, mask_id: int, rate_bins=(0.0, 0.25, 0.5, 0.75, 1.0001)) -> dict:
-    """Predicted vs ground-truth MI over masked pairs: overall and by masking-rate bin.
+def accuracy(pred: torch.Tensor, data: dict, mask_id: int, rate_bins=(0.0, 0.25, 0.5, 0.75, 1.0001),
+             min_mi: float = 1e-3) -> dict:
+    """Predicted vs ground-truth MI over masked pairs: overall (pooled pairs, and the median of
+    per-context Pearson), and by masking-rate bin.
 
-    Top-k recall per context: k = number of masked cells; the fraction of the k pairs with the
-    largest ground-truth MI that are also among the k largest predicted.
+    Top-k recall per context: k = min(number of masked cells, number of pairs with ground-truth MI
+    above ``min_mi`` nats); the fraction of the k pairs with the largest ground-truth MI that are
+    also among the k largest predicted. Contexts with k = 0 (no real dependence to rank) are
+    excluded and counted in ``"n_contexts_without_dependence"``.
     """
     masked = data["tokens"] == mask_id
     rates = masked.float().mean(1).numpy()
@@ -74,12 +78,14 @@ def accuracy(pred: torch.Tensor, data: dict, mask_id: int, rate_bins=(0.0, 0.25,
     recalls = []
     for b in range(len(masked)):
         pv, tv = pair_values(pred[b], masked[b]), pair_values(data["mi"][b], masked[b])
-        k = int(masked[b].sum())
-        if k < 2 or len(tv) < k:
+        k = min(int(masked[b].sum()), int((tv > min_mi).sum()))
+        if k == 0:
             recalls.append(np.nan)
             continue
-        recalls.append(len(set(np.argsort(-pv)[:k]) & set(np.argsort(-tv)[:k])) / k)
+        recalls.append(len(set(np.argsort(-pv, kind="stable")[:k]) & set(np.argsort(-tv, kind="stable")[:k])) / k)
     recalls = np.array(recalls)
+    per_ctx = [correlation(pair_values(pred[b], masked[b]), pair_values(data["mi"][b], masked[b]))["pearson"]
+               for b in range(len(masked)) if masked[b].sum() >= 3]
     by_rate = []
     for lo, hi in zip(rate_bins[:-1], rate_bins[1:]):
         sel = (rates >= lo) & (rates < hi)
@@ -88,18 +94,26 @@ def accuracy(pred: torch.Tensor, data: dict, mask_id: int, rate_bins=(0.0, 0.25,
         c = correlation(_pairs(pred[sel], masked[sel]), _pairs(data["mi"][sel], masked[sel]))
         by_rate.append({"mask_rate_lo": lo, "mask_rate_hi": min(hi, 1.0), "n_contexts": int(sel.sum()),
                         **c, "topk_recall": float(np.nanmean(recalls[sel]))})
-    return {"overall": {**correlation(p, t), "topk_recall": float(np.nanmean(recalls))}, "by_rate": by_rate,
-            "pred_pairs": p, "true_pairs": t}
+    return {"overall": {**correlation(p, t), "median_context_pearson": float(np.nanmedian(per_ctx)),
+                        "topk_recall": float(np.nanmean(recalls)),
+                        "n_contexts_without_dependence": int(np.isnan(recalls).sum())},
+            "by_rate": by_rate, "pred_pairs": p, "true_pairs": t}
 
 
-def calibration(pred_pairs: np.ndarray, true_pairs: np.ndarray, n_bins: int = 12) -> list[dict]:
-    """Mean true MI in quantile bins of predicted MI (nats)."""
-    order = np.argsort(pred_pairs)
+def calibration(pred_pairs: np.ndarray, true_pairs: np.ndarray, n_bins: int = 12, floor: float = 1e-4) -> list[dict]:
+    """Mean true MI in log-spaced bins of predicted MI (nats), plus one bin for predictions below ``floor``.
+
+    Log spacing keeps the rare large values (those decoding depends on) visible; each row has its
+    pair count ``n``.
+    """
+    top = max(float(pred_pairs.max()), floor * 10)
+    edges = np.concatenate([[-np.inf], np.geomspace(floor, top, n_bins), [np.inf]])
     out = []
-    for chunk in np.array_split(order, n_bins):
-        if len(chunk):
-            out.append({"pred_mean": float(pred_pairs[chunk].mean()), "true_mean": float(true_pairs[chunk].mean()),
-                        "n": int(len(chunk))})
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        sel = (pred_pairs >= lo) & (pred_pairs < hi)
+        if sel.any():
+            out.append({"pred_lo": float(max(lo, 0.0)), "pred_mean": float(pred_pairs[sel].mean()),
+                        "true_mean": float(true_pairs[sel].mean()), "n": int(sel.sum())})
     return out
 
 
@@ -112,15 +126,22 @@ def head_cost(model: MaskedModel, head: MIHead, batch: int = 64, repeats: int = 
     x = grids_to_tokens(grids, model.device)
     from ..heads import head_inputs
 
+    def sync():
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+
     h, m, e = head_inputs(model, x, layer)
     head(h, m, e)
+    sync()
     t0 = time.perf_counter()
     for _ in range(repeats):
         h, m, e = head_inputs(model, x, layer)
+    sync()
     t_fwd = (time.perf_counter() - t0) / repeats / batch
     t0 = time.perf_counter()
     for _ in range(repeats):
         head(h, m, e)
+    sync()
     t_head = (time.perf_counter() - t0) / repeats / batch
     n_probe = min(8, batch)
     res = probe_mi(model, x[:n_probe])
@@ -133,6 +154,23 @@ def constraint_recovery(mi: torch.Tensor, masked: torch.Tensor) -> list[dict]:
     """`graph_recovery` against the Sudoku constraint graph for each context of ``mi [N, 81, 81]``."""
     g = sd.constraint_graph()
     return [graph_recovery(mi[b], masked[b], g) for b in range(len(mi))]
+
+
+def heavily_masked(gt_rec: list[dict], pred_rec: list[dict], rates: np.ndarray, min_rate: float = 0.75) -> dict:
+    """Mean AUROC / average precision over contexts with masking rate >= ``min_rate``."""
+    idx = np.nonzero(rates >= min_rate)[0]
+    mean = lambda rec, k: float(np.nanmean([rec[i][k] for i in idx])) if len(idx) else float("nan")  # noqa: E731
+    return {"min_rate": min_rate, "n_contexts": int(len(idx)), "gt_auroc": mean(gt_rec, "auroc"),
+            "pred_auroc": mean(pred_rec, "auroc"), "gt_average_precision": mean(gt_rec, "average_precision"),
+            "pred_average_precision": mean(pred_rec, "average_precision")}
+
+
+def select_on_validation(ablations: dict, val: dict, mask_id: int) -> dict:
+    """Validation Pearson of each ablation head (``{name: (head, record, cfg)}``), for choosing without the test split."""
+    out = {}
+    for name, (h, r, cfg) in ablations.items():
+        out[name] = accuracy(predict_from_labels(h, val, cfg.layer, mask_id), val, mask_id)["overall"]["pearson"]
+    return out
 
 
 def recovery_by_rate(gt_rec: list[dict], pred_rec: list[dict], rates: np.ndarray,
@@ -176,6 +214,9 @@ def agreement_with_data(model: MaskedModel, head: MIHead, n_contexts: int, clues
         rows.append({"n_clues": n, "n_completions": k, "pearson_gt_vs_data": correlation(gt, dv)["pearson"],
                      "pearson_pred_vs_data": correlation(pr, dv)["pearson"],
                      "pearson_pred_vs_gt": correlation(pr, gt)["pearson"]})
+    if not rows:
+        raise RuntimeError(f"no partial grid with {clues} clues had between 2 and {max_completions} completions; "
+                           "widen the clue range or raise max_completions")
     cat = np.concatenate
     return {"contexts": rows,
             "pooled": {"gt_vs_data": correlation(cat(gts), cat(datas)), "pred_vs_data": correlation(cat(preds), cat(datas)),

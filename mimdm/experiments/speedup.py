@@ -43,11 +43,12 @@ def score_solving(out_tokens: torch.Tensor, puzzles: list[sd.Puzzle]) -> dict:
 
 
 def score_generation(out_tokens: torch.Tensor, contexts: np.ndarray) -> dict:
-    """Validity (valid grid keeping the givens), fraction of distinct valid grids, mean pairwise Hamming distance / 81."""
+    """Validity (valid grid keeping the givens), and among the valid grids the fraction of distinct ones and
+    their mean pairwise Hamming distance / 81 (diversity)."""
     out = tokens_to_grids(out_tokens)
     valid = sd.is_valid_solution_batch(out) & np.all((contexts == 0) | (out == contexts), axis=1)
     distinct = len({o.tobytes() for o in out[valid]}) / max(1, valid.sum())
-    o = out.astype(np.int16)
+    o = out[valid].astype(np.int16)
     ham = (o[:, None, :] != o[None, :, :]).mean(-1)
     iu = np.triu_indices(len(o), 1)
     return {"valid_rate": float(valid.mean()), "distinct_valid": float(distinct),
@@ -81,6 +82,7 @@ def sweep(model: MaskedModel, tokens: torch.Tensor, rules, score, temperature: f
 
     rows = []
     n = len(tokens)
+    decode(model, tokens[:2], rules[0][2], temperature=temperature, seed=seed)  # warm-up, untimed
     for name, knob, rule in tqdm(rules, desc="decode sweep", disable=not progress):
         out = decode(model, tokens, rule, temperature=temperature, seed=seed)
         rows.append({"rule": name, "knob": knob, "nfe": float(out.nfe.float().mean()),
@@ -101,7 +103,7 @@ def matched_quality(rows: list[dict], metric: str, tolerance: float = 0.01) -> l
     for name in dict.fromkeys(r["rule"] for r in rows):
         if name == "sequential":
             continue
-        ok = [r for r in rows if r["rule"] == name and r[metric] >= seq[metric] - tolerance]
+        ok = [r for r in rows if r["rule"] == name and r[metric] >= seq[metric] - tolerance - 1e-9]
         if not ok:
             out.append({"rule": name, "knob": math.nan, metric: math.nan, "nfe": math.nan,
                         "nfe_reduction": math.nan, "wallclock_reduction": math.nan})
@@ -112,13 +114,36 @@ def matched_quality(rows: list[dict], metric: str, tolerance: float = 0.01) -> l
     return out
 
 
+def nfe_budgets(rows: list[dict], factors=(8, 5, 4, 3, 2)) -> list[float]:
+    """NFE budgets = sequential NFE / each factor (unrounded)."""
+    seq = next(r for r in rows if r["rule"] == "sequential")
+    return [seq["nfe"] / f for f in factors]
+
+
 def quality_at_budget(rows: list[dict], metric: str, budgets) -> list[dict]:
     """Best ``metric`` each rule reaches with at most each NFE budget (NaN if no setting fits)."""
     out = []
     for b in budgets:
         row = {"nfe_budget": b}
         for name in dict.fromkeys(r["rule"] for r in rows):
-            fit = [r[metric] for r in rows if r["rule"] == name and r["nfe"] <= b]
+            fit = [r[metric] for r in rows if r["rule"] == name and r["nfe"] <= b + 1e-9]
             row[name] = max(fit) if fit else math.nan
         out.append(row)
     return out
+
+
+def oracle_gap(rows: list[dict], metric: str) -> list[dict]:
+    """Head against probed-MI oracle at the same eps (same contexts): quality and NFE of each, and the differences."""
+    head = {r["knob"]: r for r in rows if r["rule"] == "MI-guided"}
+    orc = {r["knob"]: r for r in rows if r["rule"] == "MI-oracle"}
+    return [{"eps": e, f"head_{metric}": head[e][metric], f"oracle_{metric}": orc[e][metric],
+             "head_nfe": head[e]["nfe"], "oracle_nfe": orc[e]["nfe"],
+             f"{metric}_gap": orc[e][metric] - head[e][metric], "nfe_gap": head[e]["nfe"] - orc[e]["nfe"]}
+            for e in sorted(set(head) & set(orc))]
+
+
+def compare_at_budget(budget_rows: list[dict], a: str = "MI-guided", b: str = "EB-sampler") -> dict:
+    """How often rule ``a`` is at least as good as rule ``b`` across NFE budgets where both have a setting."""
+    both = [r for r in budget_rows if not (math.isnan(r.get(a, math.nan)) or math.isnan(r.get(b, math.nan)))]
+    return {"n_budgets": len(both), "a_at_least_b": sum(r[a] >= r[b] - 1e-9 for r in both),
+            "mean_difference": float(np.mean([r[a] - r[b] for r in both])) if both else math.nan}
