@@ -37,6 +37,32 @@ def data_mi(grid, max_completions: int = 200_000) -> tuple[torch.Tensor, int]:
     return mi, len(comps)
 
 
+def underdetermined_grids(clues: tuple[int, int], rng: np.random.Generator, max_completions: int,
+                          max_attempts: int, stats: dict | None = None):
+    """Yield ``(grid, data_mi, n_completions, n_clues)`` for random under-determined partial grids.
+
+    Each attempt keeps a uniformly random subset of a random solution with a clue count uniform in
+    ``clues`` (inclusive); grids with a unique completion or more than ``max_completions`` are
+    skipped (counted in ``stats["unique"]`` / ``stats["too_many"]``). Stops after ``max_attempts``
+    attempts (``stats["attempts"]``).
+    """
+    stats = stats if stats is not None else {}
+    stats.update(attempts=0, unique=0, too_many=0)
+    while stats["attempts"] < max_attempts:
+        stats["attempts"] += 1
+        n = int(rng.integers(clues[0], clues[1] + 1))
+        grid = sd.random_partial(sd.random_solutions(1, rng)[0], n, rng)
+        try:
+            dmi, k = data_mi(grid, max_completions)
+        except sd.SudokuError:
+            stats["too_many"] += 1
+            continue
+        if k < 2:
+            stats["unique"] += 1
+            continue
+        yield grid, dmi, k, n
+
+
 def sample_data_mi(n_grids: int, rng) -> torch.Tensor:
     """Monte Carlo estimate ``[81, 81]`` of the empty-grid MI from ``n_grids`` random solution grids."""
     g = sd.random_solutions(n_grids, rng)

@@ -188,3 +188,14 @@ def test_correlation_values():
     c = correlation([1, 2, 3, 4], [2, 4, 6, 8.5])
     assert c["pearson"] > 0.99 and c["spearman"] == pytest.approx(1.0)
     assert c["mae"] == pytest.approx((1 + 2 + 3 + 4.5) / 4)
+
+
+def test_underdetermined_grids_yield_only_multi_completion_grids():
+    from mimdm.sudoku_mi import underdetermined_grids
+
+    stats = {}
+    out = list(underdetermined_grids((30, 40), np.random.default_rng(0), 5000, 12, stats))
+    assert stats["attempts"] == 12 and len(out) + stats["unique"] + stats["too_many"] == 12
+    for grid, dmi, k, n in out:
+        assert k >= 2 and (grid > 0).sum() == n and 30 <= n <= 40
+        assert dmi.shape == (81, 81) and (dmi[torch.from_numpy(grid > 0)] == 0).all()

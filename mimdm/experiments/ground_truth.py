@@ -16,7 +16,7 @@ from ..models.base import MaskedModel
 from ..models.oracle import TableJointMDM, potts_chain_log_joint
 from ..models.zoo import grids_to_tokens
 from ..probing import probe_mi
-from ..sudoku_mi import EMPTY_GRID_UNIT_MI, band_stack_pairs, data_mi, masked_contexts, sample_data_mi
+from ..sudoku_mi import EMPTY_GRID_UNIT_MI, band_stack_pairs, masked_contexts, sample_data_mi, underdetermined_grids
 
 
 def oracle_exactness(n_contexts: int = 30, length: int = 6, n_values: int = 3, seed: int = 0) -> dict:
@@ -139,31 +139,20 @@ def model_vs_data(model: MaskedModel, n_contexts: int, clues: tuple[int, int], s
         "pooled": correlation over all pairs, "n_skipped_too_many", "n_skipped_unique"}``.
     """
     rng = np.random.default_rng(seed)
-    contexts, too_many, unique = [], 0, 0
-    attempts = 0
-    max_attempts = max_attempts or 20 * n_contexts
-    while len(contexts) < n_contexts and attempts < max_attempts:
-        attempts += 1
-        n = int(rng.integers(clues[0], clues[1] + 1))
-        grid = sd.random_partial(sd.random_solutions(1, rng)[0], n, rng)
-        try:
-            dmi, k = data_mi(grid, max_completions)
-        except sd.SudokuError:
-            too_many += 1
-            continue
-        if k < 2:
-            unique += 1
-            continue
+    contexts, stats = [], {}
+    for grid, dmi, k, n in underdetermined_grids(clues, rng, max_completions, max_attempts or 20 * n_contexts, stats):
         res = probe_mi(model, grids_to_tokens(grid[None], model.device))
         blank = torch.from_numpy(grid == 0)
         m = pair_values(res.mi[0].cpu(), blank)
         d = pair_values(dmi, blank)
         contexts.append({"grid": grid, "n_clues": n, "n_completions": k, "model_mi": m, "data_mi": d, **correlation(m, d)})
+        if len(contexts) == n_contexts:
+            break
     if not contexts:
         raise RuntimeError(f"no partial grid with {clues} clues had between 2 and {max_completions} completions "
-                           f"in {attempts} attempts; widen the clue range or raise max_completions")
+                           f"in {stats['attempts']} attempts; widen the clue range or raise max_completions")
     pooled = correlation(np.concatenate([c["model_mi"] for c in contexts]), np.concatenate([c["data_mi"] for c in contexts]))
-    return {"contexts": contexts, "pooled": pooled, "n_skipped_too_many": too_many, "n_skipped_unique": unique,
+    return {"contexts": contexts, "pooled": pooled, "n_skipped_too_many": stats["too_many"], "n_skipped_unique": stats["unique"],
             "median_context_pearson": float(np.median([c["pearson"] for c in contexts]))}
 
 

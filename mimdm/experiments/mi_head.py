@@ -19,7 +19,7 @@ from ..metrics import correlation, graph_recovery, pair_values
 from ..models.base import MaskedModel
 from ..models.zoo import grids_to_tokens
 from ..probing import probe_mi
-from ..sudoku_mi import data_mi
+from ..sudoku_mi import underdetermined_grids
 
 
 def load_or_build_labels(model: MaskedModel, model_path: str | Path, cfg: LabelConfig, progress: bool = True) -> Path:
@@ -194,17 +194,7 @@ def agreement_with_data(model: MaskedModel, head: MIHead, n_contexts: int, clues
     """True data MI (enumerated completions) against probed and predicted MI on under-determined grids."""
     rng = np.random.default_rng(seed)
     rows, gts, preds, datas = [], [], [], []
-    attempts = 0
-    while len(rows) < n_contexts and attempts < 20 * n_contexts:
-        attempts += 1
-        n = int(rng.integers(clues[0], clues[1] + 1))
-        grid = sd.random_partial(sd.random_solutions(1, rng)[0], n, rng)
-        try:
-            dmi, k = data_mi(grid, max_completions)
-        except sd.SudokuError:
-            continue
-        if k < 2:
-            continue
+    for grid, dmi, k, n in underdetermined_grids(clues, rng, max_completions, 20 * n_contexts):
         x = grids_to_tokens(grid[None], model.device)
         blank = torch.from_numpy(grid == 0)
         gt = pair_values(probe_mi(model, x).mi[0].cpu(), blank)
@@ -214,6 +204,8 @@ def agreement_with_data(model: MaskedModel, head: MIHead, n_contexts: int, clues
         rows.append({"n_clues": n, "n_completions": k, "pearson_gt_vs_data": correlation(gt, dv)["pearson"],
                      "pearson_pred_vs_data": correlation(pr, dv)["pearson"],
                      "pearson_pred_vs_gt": correlation(pr, gt)["pearson"]})
+        if len(rows) == n_contexts:
+            break
     if not rows:
         raise RuntimeError(f"no partial grid with {clues} clues had between 2 and {max_completions} completions; "
                            "widen the clue range or raise max_completions")
