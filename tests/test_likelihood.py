@@ -1,0 +1,140 @@
+"""I-MDCE likelihood estimators against exact log-probabilities of an enumerable joint."""
+import math
+
+import pytest
+import torch
+
+from mimdm.likelihood import (exhaustive_nll, harmonic, log_likelihood_ratio, time_free_nll,
+                              time_integral_nll)
+from mimdm.models.oracle import TableJointMDM, potts_chain_log_joint
+from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    log_joint = potts_chain_log_joint(6, 3, coupling=1.2, generator=torch.Generator().manual_seed(3))
+    return TableJointMDM.from_table(log_joint), log_joint
+
+
+def _states(n, L=6, V=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, V, (n, L), generator=g)
+
+
+def test_harmonic():
+    assert float(harmonic(1)) == 1.0
+    assert abs(float(harmonic(4)) - (1 + 1 / 2 + 1 / 3 + 1 / 4)) < 1e-15
+    assert torch.allclose(harmonic(torch.tensor([0, 2])), torch.tensor([0.0, 1.5], dtype=torch.float64))
+
+
+def test_exhaustive_time_free_sum_is_exact(oracle):
+    model, log_joint = oracle
+    for x in _states(5):
+        exact = -float(log_joint[tuple(x.tolist())])
+        assert abs(exhaustive_nll(model, x) - exact) < 1e-9
+
+
+def test_exhaustive_conditional_is_exact(oracle):
+    model, log_joint = oracle
+    x = _states(1, seed=1)[0]
+    S = torch.tensor([True, False, True, True, False, True])
+    # −log p(x_S | x_{not S}) from the table
+    lj = log_joint.flatten()
+    states = torch.cartesian_prod(*[torch.arange(3)] * 6)
+    ctx = (states[:, ~S] == x[~S]).all(1)
+    exact = -(float(log_joint[tuple(x.tolist())]) - float(torch.logsumexp(lj[ctx], 0)))
+    assert abs(exhaustive_nll(model, x, S) - exact) < 1e-9
+    # masked positions outside S are marginalised: score x_S given nothing else observed
+    xm = x.clone()
+    xm[~S] = model.mask_id
+    marg = torch.logsumexp(log_joint.permute(*[i for i in range(6) if S[i]], *[i for i in range(6) if not S[i]])
+                           .reshape(3 ** int(S.sum()), -1), 1).reshape([3] * int(S.sum()))
+    exact_m = -float(marg[tuple(x[S].tolist())])
+    assert abs(exhaustive_nll(model, xm) - exact_m) < 1e-9
+
+
+@pytest.mark.parametrize("estimator", [time_free_nll, time_integral_nll])
+def test_monte_carlo_converges(oracle, estimator):
+    model, log_joint = oracle
+    x = _states(3, seed=2)
+    exact = torch.tensor([-float(log_joint[tuple(r.tolist())]) for r in x], dtype=torch.float64)
+    est = estimator(model, x, n_samples=4000, seed=0)
+    err = (est.value - exact).abs()
+    assert (err < 4 * est.stderr + 1e-3).all(), (est.value, exact, est.stderr)
+    assert (est.stderr < 0.25).all()
+    assert est.draws.shape == (3, 4000)
+
+
+def test_time_free_cost_and_determinism(oracle):
+    model, _ = oracle
+    x = _states(2)
+    a = time_free_nll(model, x, n_samples=16, seed=5)
+    b = time_free_nll(model, x, n_samples=16, seed=5)
+    assert torch.equal(a.draws, b.draws)
+    assert a.nfe.tolist() == [16, 16]  # every time-free mask is non-empty
+    c = time_integral_nll(model, x, n_samples=200, seed=5)
+    assert (c.nfe <= 200).all() and (c.nfe > 150).all()  # empty masks (prob E[(1-λ)^6] = 1/7) cost nothing
+
+
+def test_time_free_has_lower_variance(oracle):
+    model, _ = oracle
+    x = _states(4, seed=4)
+    tf = time_free_nll(model, x, n_samples=3000, seed=1)
+    ti = time_integral_nll(model, x, n_samples=3000, seed=1)
+    assert (tf.variance < ti.variance).all()
+
+
+def test_coupled_ratio(oracle):
+    model, log_joint = oracle
+    x = _states(3, seed=6)
+    y = x.clone()
+    y[:, 2] = (y[:, 2] + 1) % 3  # a one-site change: most of the two NLLs is shared
+    exact = torch.tensor([float(log_joint[tuple(a.tolist())] - log_joint[tuple(b.tolist())]) for a, b in zip(x, y)],
+                         dtype=torch.float64)
+    cp = log_likelihood_ratio(model, x, y, n_samples=3000, coupled=True, seed=2)
+    dc = log_likelihood_ratio(model, x, y, n_samples=3000, coupled=False, seed=2)
+    for e in (cp, dc):
+        assert ((e.value - exact).abs() < 4 * e.stderr + 1e-3).all()
+        assert e.nfe.tolist() == [6000] * 3
+    assert (cp.variance < dc.variance).all()
+    # coupled identical sequences: every draw is exactly zero
+    same = log_likelihood_ratio(model, x, x, n_samples=10, coupled=True)
+    assert torch.equal(same.draws, torch.zeros_like(same.draws))
+
+
+def test_bad_input(oracle):
+    model, _ = oracle
+    x = _states(1)
+    with pytest.raises(ValueError, match="no maskable"):
+        time_free_nll(model, torch.full_like(x, model.mask_id))
+    with pytest.raises(ValueError, match="not a value"):
+        time_free_nll(model, x.masked_fill(torch.tensor([[True] + [False] * 5]), model.mask_id),
+                      maskable_BL=torch.ones_like(x, dtype=torch.bool))
+    with pytest.raises(ValueError, match="n_samples"):
+        time_free_nll(model, x, n_samples=0)
+    with pytest.raises(ValueError, match="same shape"):
+        log_likelihood_ratio(model, x, _states(2))
+    with pytest.raises(ValueError, match="estimator"):
+        log_likelihood_ratio(model, x, x, estimator="elbo")
+    with pytest.raises(ValueError, match="2\\^"):
+        exhaustive_nll(model, x[0], max_positions=3)
+
+
+def test_zero_probability_value_is_an_error():
+    states = torch.tensor([[0, 1], [1, 0]])
+    model = TableJointMDM.from_samples(states, 2)
+    with pytest.raises(ValueError, match="probability 0"):
+        exhaustive_nll(model, torch.tensor([0, 0]))
+    assert abs(exhaustive_nll(model, torch.tensor([0, 1])) - math.log(2)) < 1e-12
+
+
+def test_sudoku_model_estimate_runs():
+    torch.manual_seed(0)
+    model = SudokuMDM(SudokuMDMConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64)).eval()
+    from mimdm.data import sudoku as sd
+    from mimdm.models.zoo import grids_to_tokens
+    import numpy as np
+    grid = grids_to_tokens(sd.random_solutions(2, np.random.default_rng(0)))
+    est = time_free_nll(model, grid, n_samples=1024)
+    # an untrained model is near uniform over 9 digits: NLL ≈ 81 ln 9
+    assert torch.allclose(est.value, torch.full((2,), 81 * math.log(9), dtype=torch.float64), rtol=0.1)
