@@ -34,8 +34,11 @@ from torch import Tensor
 
 from .models.base import MaskedModel
 
+#: Names of the Monte Carlo estimators (see `time_free_nll`, `time_integral_nll`).
+ESTIMATORS = ("time_free", "time_free_uniform", "time_integral")
+
 __all__ = [
-    "Estimate", "harmonic", "masked_nll_terms", "time_free_nll", "time_integral_nll",
+    "ESTIMATORS", "Estimate", "harmonic", "masked_nll_terms", "time_free_nll", "time_integral_nll",
     "exhaustive_nll", "log_likelihood_ratio",
 ]
 
@@ -160,13 +163,20 @@ def _draw_masks(kind: str, maskable_BL: Tensor, K: int, g: torch.Generator) -> t
         m_N = torch.minimum(m_N, n_N)
         masks = _uniform_subsets(rep, m_N.to(rep.device), g)
         weights = H[n_N]
+    elif kind == "time_free_uniform":
+        # m ~ U{1..n}, weight n/m: the same sum Σ_m (1/m) E f, sampled with uniform sizes
+        n_N = n_B.repeat_interleave(K)
+        u = torch.rand(B * K, generator=g, dtype=torch.float64)
+        m_N = torch.minimum((u * n_N).long() + 1, n_N)
+        masks = _uniform_subsets(rep, m_N.to(rep.device), g)
+        weights = n_N.double() / m_N.double()
     elif kind == "time_integral":
         lam = torch.rand(B * K, generator=g, dtype=torch.float64)
         coin = torch.rand(B * K, L, generator=g, dtype=torch.float64)
         masks = (coin < lam.unsqueeze(1)).to(rep.device) & rep
         weights = 1.0 / lam
     else:
-        raise ValueError(f"estimator must be 'time_free' or 'time_integral', got {kind!r}")
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {kind!r}")
     return masks.reshape(B, K, L), weights.reshape(B, K).to(maskable_BL.device)
 
 
@@ -183,12 +193,16 @@ def _estimate(kind: str, model, tokens_BL, n_samples, maskable_BL, seed, batch_s
 
 
 def time_free_nll(model: MaskedModel, tokens_BL: Tensor, n_samples: int = 64, maskable_BL: Tensor | None = None,
-                  seed: int = 0, batch_size: int = 512) -> Estimate:
+                  seed: int = 0, batch_size: int = 512, sizes: str = "harmonic") -> Estimate:
     """Time-free I-MDCE estimate of −log p(x_S | x_{S^c}) in nats, one forward pass per draw.
 
     Each draw takes m with probability (1/m)/H_n over m = 1..n (all of them; n = |S|) and M a
     uniform m-subset of S, and returns H_n · f(M), an unbiased estimate of
     Σ_m (1/m) E_{|M|=m} f(M) (I-MDCE identity, *Information-Theoretic Discrete Diffusion*, NeurIPS 2025).
+
+    ``sizes="uniform"`` draws m uniformly from 1..n instead and returns (n/m) · f(M), the same sum
+    importance-sampled differently: better when the per-position loss f(M)/m grows with m (models
+    that are nearly certain once most positions are revealed, e.g. Sudoku), worse when it does not.
 
     Args:
         model: any `MaskedModel`.
@@ -198,6 +212,7 @@ def time_free_nll(model: MaskedModel, tokens_BL: Tensor, n_samples: int = 64, ma
             unconditional NLL of the sequence, or of the filled part if some positions hold the mask).
         seed: seed of the mask draws (same seed, same draws).
         batch_size: sequences per forward batch.
+        sizes: ``"harmonic"`` (m ∝ 1/m, the paper's estimator) or ``"uniform"``.
 
     Returns:
         `Estimate` (value ``[B]`` nats, stderr, nfe = K per sequence, draws ``[B, K]``).
@@ -206,7 +221,10 @@ def time_free_nll(model: MaskedModel, tokens_BL: Tensor, n_samples: int = 64, ma
         ValueError: a scored position holds no value, a sequence has nothing to score, the model
             assigns probability 0 to a scored value. See also `MaskedModel.check_tokens`.
     """
-    return _estimate("time_free", model, tokens_BL, n_samples, maskable_BL, seed, batch_size)
+    if sizes not in ("harmonic", "uniform"):
+        raise ValueError(f"sizes must be 'harmonic' or 'uniform', got {sizes!r}")
+    kind = "time_free" if sizes == "harmonic" else "time_free_uniform"
+    return _estimate(kind, model, tokens_BL, n_samples, maskable_BL, seed, batch_size)
 
 
 def time_integral_nll(model: MaskedModel, tokens_BL: Tensor, n_samples: int = 64, maskable_BL: Tensor | None = None,
@@ -271,7 +289,7 @@ def log_likelihood_ratio(model: MaskedModel, x_BL: Tensor, y_BL: Tensor, n_sampl
     Args:
         x_BL, y_BL: ``[B, L]`` the two sequences of each pair (same shape).
         coupled: share mask draws between x and y (True) or not (False).
-        estimator: ``"time_free"`` or ``"time_integral"``.
+        estimator: one of `ESTIMATORS` (``"time_free"``, ``"time_free_uniform"``, ``"time_integral"``).
         maskable_BL: ``[B, L]`` bool scored set, shared by x and y (default: positions unmasked in both).
         Other arguments as `time_free_nll`.
 

@@ -53,7 +53,8 @@ def test_exhaustive_conditional_is_exact(oracle):
     assert abs(exhaustive_nll(model, xm) - exact_m) < 1e-9
 
 
-@pytest.mark.parametrize("estimator", [time_free_nll, time_integral_nll])
+@pytest.mark.parametrize("estimator", [time_free_nll, time_integral_nll,
+                                       lambda *a, **k: time_free_nll(*a, sizes="uniform", **k)])
 def test_monte_carlo_converges(oracle, estimator):
     model, log_joint = oracle
     x = _states(3, seed=2)
@@ -114,6 +115,8 @@ def test_bad_input(oracle):
         time_free_nll(model, x, n_samples=0)
     with pytest.raises(ValueError, match="same shape"):
         log_likelihood_ratio(model, x, _states(2))
+    with pytest.raises(ValueError, match="sizes"):
+        time_free_nll(model, x, sizes="linear")
     with pytest.raises(ValueError, match="estimator"):
         log_likelihood_ratio(model, x, x, estimator="elbo")
     with pytest.raises(ValueError, match="2\\^"):
@@ -138,3 +141,25 @@ def test_sudoku_model_estimate_runs():
     est = time_free_nll(model, grid, n_samples=1024)
     # an untrained model is near uniform over 9 digits: NLL ≈ 81 ln 9
     assert torch.allclose(est.value, torch.full((2,), 81 * math.log(9), dtype=torch.float64), rtol=0.1)
+
+
+def test_uniform_sizes_draw_every_size(oracle):
+    model, _ = oracle
+    est = time_free_nll(model, _states(1), n_samples=600, sizes="uniform", seed=3)
+    assert est.nfe.tolist() == [600]
+    assert torch.isfinite(est.draws).all()
+
+
+def test_chapter_helpers_on_oracle():
+    from mimdm.experiments.likelihood import oracle_exactness, perturb_grids, reference_nll
+    o = oracle_exactness(n_sequences=2, draws=(64,))
+    assert o["exhaustive_max_error"] < 1e-9
+    assert len(o["convergence"]) == 3
+    ref = reference_nll()
+    assert abs(ref["uniform_valid_grids"] - 50.252) < 1e-3
+    import numpy as np
+    from mimdm.data import sudoku as sd
+    g = sd.random_solutions(4, np.random.default_rng(0))
+    p = perturb_grids(g, 1, 0)
+    assert ((p != g).sum(1) == 2).all() and not sd.is_valid_solution_batch(p).any()
+    assert (np.sort(p.reshape(4, 9, 9), 2) == np.sort(g.reshape(4, 9, 9), 2)).all()  # rows keep their digits
