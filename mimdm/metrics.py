@@ -66,3 +66,66 @@ def correlation(x, y) -> dict:
         "max_abs_error": float(np.abs(x - y).max()) if len(x) else float("nan"),
         "n": int(len(x)),
     }
+
+
+def precision_at(scores_LL, contacts_LL, k: int, min_sep: int = 6, max_sep: int | None = None,
+                 evaluable_LL=None) -> float:
+    """Precision of the top-``k`` scored pairs against a contact map (contact-prediction P@k).
+
+    Pairs considered: upper triangle ``i < j`` with ``j - i >= min_sep`` (and ``< max_sep`` if
+    given) and, if ``evaluable_LL`` is given, only where it is True (e.g. pairs mapped to the
+    structure). They are ranked by descending score (ties broken by position, row-major) and the
+    fraction of contacts among the first ``k`` is returned.
+
+    Args:
+        scores_LL: ``[L, L]`` scores (e.g. MI in nats, APC-corrected MI); only the upper triangle is read.
+        contacts_LL: ``[L, L]`` bool true contacts.
+        k: number of top pairs, >= 1 (L, L/2, L/5 conventionally; see `precision_at_L`).
+        min_sep: smallest sequence separation (6: short range and beyond; 24: long range), >= 1.
+        max_sep: exclusive largest separation, or None.
+        evaluable_LL: optional ``[L, L]`` bool.
+
+    Returns:
+        precision in [0, 1].
+
+    Raises:
+        ValueError: shapes differ or are not square; ``k < 1``; ``min_sep < 1``; NaN scores
+            among the pairs; fewer than ``k`` eligible pairs.
+    """
+    s, c = _np(scores_LL).astype(np.float64), _np(contacts_LL).astype(bool)
+    if s.ndim != 2 or s.shape[0] != s.shape[1] or c.shape != s.shape:
+        raise ValueError(f"scores and contacts must be the same [L, L] shape, got {s.shape} and {c.shape}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if min_sep < 1:
+        raise ValueError(f"min_sep must be >= 1, got {min_sep}")
+    i, j = np.triu_indices(s.shape[0], k=min_sep)
+    keep = np.ones(len(i), dtype=bool)
+    if max_sep is not None:
+        keep &= (j - i) < max_sep
+    if evaluable_LL is not None:
+        e = _np(evaluable_LL).astype(bool)
+        if e.shape != s.shape:
+            raise ValueError(f"evaluable must have shape {s.shape}, got {e.shape}")
+        keep &= e[i, j]
+    i, j = i[keep], j[keep]
+    if len(i) < k:
+        raise ValueError(f"only {len(i)} eligible pairs (min_sep={min_sep}, max_sep={max_sep}) for k={k}")
+    v = s[i, j]
+    if np.isnan(v).any():
+        raise ValueError("scores contain NaN among the eligible pairs")
+    top = np.argsort(-v, kind="stable")[:k]
+    return float(c[i[top], j[top]].mean())
+
+
+def precision_at_L(scores_LL, contacts_LL, min_sep: int = 6, max_sep: int | None = None,
+                   evaluable_LL=None, divisors=(1, 2, 5), length: int | None = None) -> dict:
+    """``{"P@L": ..., "P@L/2": ..., "P@L/5": ...}`` (`precision_at` with k = L // d, at least 1).
+
+    L is ``length`` if given (e.g. the number of residues with a structure), else the side of
+    ``scores_LL``. Arguments otherwise as `precision_at`.
+    """
+    L = int(length) if length is not None else _np(scores_LL).shape[0]
+    return {("P@L" if d == 1 else f"P@L/{d}"): precision_at(scores_LL, contacts_LL, max(1, L // d), min_sep,
+                                                            max_sep, evaluable_LL)
+            for d in divisors}
