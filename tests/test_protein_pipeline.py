@@ -1,0 +1,174 @@
+"""The offline protein MDM, MI maps, categorical Jacobian, baselines and protein labels (tiny models, real DHFR data)."""
+import numpy as np
+import pytest
+import torch
+
+from mimdm.data import protein as pr
+from mimdm.decoding import Sequential, TopK
+from mimdm.experiments import protein as xp
+from mimdm.models.esmc import ESMCMDM
+from mimdm.models.protein_zoo import (FamilySpec, ProteinMDMConfig, encode_values, length_batches, load_family,
+                                      load_or_train_protein_mdm, masked_ce)
+from mimdm.models.training import TrainConfig
+
+
+@pytest.fixture(scope="module")
+def family():
+    with pytest.warns(UserWarning, match="non-standard"):
+        return load_family(FamilySpec())
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return ESMCMDM.tiny(d_model=32, n_heads=2, n_layers=2, seed=1)
+
+
+def test_family_split_and_native(family):
+    n = len(family.seqs)
+    parts = [set(getattr(family.split, k).tolist()) for k in ("train", "val", "test")]
+    assert sum(map(len, parts)) == n and not (parts[0] & parts[1]) and not (parts[0] & parts[2])
+    # the native row is the E. coli DHFR of the structure 3QL0, found by k-mer similarity
+    assert family.ids[family.native_index] == "P0ABQ4.1"
+    sseq, _ = pr.contact_map(family.structure, family.chain)
+    mp = pr.map_to_structure(family.native, sseq)
+    assert (mp >= 0).mean() > 0.95
+    assert all(set(s) <= set(pr.AMINO_ACIDS) for s in family.seqs)
+
+
+def test_family_bad_input(tmp_path, family):
+    with pytest.raises(FileNotFoundError, match="alignment"):
+        FamilySpec(alignment=str(tmp_path / "none.fasta")).paths()
+    with pytest.raises(ValueError, match="native_id"):
+        load_family(FamilySpec(native_id="NOT_A_ROW"))
+    with pytest.raises(ValueError, match="longer than the model's maximum"):
+        load_family(FamilySpec(), max_len=100)
+
+
+def test_encode_values_and_batches(family):
+    v = encode_values(["ACDY", "WWAA"])
+    assert v.tolist() == [[0, 1, 2, 19], [18, 18, 0, 0]]
+    with pytest.raises(ValueError, match="equal lengths"):
+        encode_values(["ACD", "AC"])
+    with pytest.raises(ValueError):
+        encode_values(["ACX"])
+    sb = length_batches(family.part("train"))
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        b = sb(rng, 16)
+        assert b.shape[0] == 16 and b.min() >= 0 and b.max() < 20
+        assert b.shape[1] >= 20
+    assert length_batches(family.part("train"), window=50)(rng, 4).shape[1] <= 50
+
+
+def test_train_cache_and_errors(family, tmp_path):
+    mcfg = ProteinMDMConfig(d_model=32, n_heads=2, n_layers=1)
+    tcfg = TrainConfig(steps=3, batch_size=4, warmup=1, ckpt_every=2, log_every=1)
+    with pytest.raises(FileNotFoundError, match="no trained protein MDM"):
+        load_or_train_protein_mdm(mcfg, tcfg, family, root=tmp_path, train=False, progress=False)
+    m, rec = load_or_train_protein_mdm(mcfg, tcfg, family, root=tmp_path, progress=False)
+    assert rec["eval"]["val_ce"] > 0 and abs(rec["eval"]["uniform_ce"] - np.log(20)) < 1e-12
+    m2, rec2 = load_or_train_protein_mdm(mcfg, tcfg, family, root=tmp_path, train=False, progress=False)
+    for a, b in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(a, b)
+    assert len(rec2["log"]) == 3
+
+
+def test_mi_map_is_symmetric_and_counts(tiny):
+    seq = "MISLIAALAVDRVIGMENAMPW"
+    full = xp.mi_map(tiny, seq, rate=1.0)
+    L = len(seq)
+    assert full["nfe"] == 1 + 20 * L
+    mi = full["mi"]
+    assert np.allclose(mi, mi.T) and (mi >= -1e-12).all() and np.all(np.diag(mi) == 0)
+    part = xp.mi_map(tiny, seq, rate=0.5, patterns=3, seed=1)
+    nan = np.isnan(part["mi"])
+    assert np.array_equal(nan & ~np.eye(L, dtype=bool), (part["counts"] == 0) & ~np.eye(L, dtype=bool))
+    with pytest.raises(ValueError, match="rate"):
+        xp.mi_map(tiny, seq, rate=0.0)
+
+
+def test_categorical_jacobian_matches_direct_computation(tiny):
+    seq = "MKTAYIAKQRQISFVKSH"
+    out = xp.categorical_jacobian(tiny, seq, batch_size=50)
+    L, V = len(seq), 20
+    assert out["nfe"] == L * V + 1
+    # direct: J[i, a, j, b] for all a, b at (i, j) = (2, 9)
+    x = tiny.encode([seq])
+    with torch.no_grad():
+        base = tiny(x).logits[0].double()
+        J = torch.empty(V, V, dtype=torch.float64)
+        for a in range(V):
+            t = x.clone()
+            t[0, 2] = tiny.value_token_ids[a]
+            J[a] = tiny(t).logits[0, 9].double() - base[9]
+    J = J - J.mean(0, keepdim=True)
+    J = J - J.mean(1, keepdim=True)
+    direct_29 = float(torch.sqrt((J ** 2).sum()))
+    with torch.no_grad():
+        J2 = torch.empty(V, V, dtype=torch.float64)
+        for a in range(V):
+            t = x.clone()
+            t[0, 9] = tiny.value_token_ids[a]
+            J2[a] = tiny(t).logits[0, 2].double() - base[2]
+    J2 = J2 - J2.mean(0, keepdim=True)
+    J2 = J2 - J2.mean(1, keepdim=True)
+    direct_92 = float(torch.sqrt((J2 ** 2).sum()))
+    assert abs(out["raw"][2, 9] - (direct_29 + direct_92) / 2) < 1e-6
+    assert np.allclose(out["score"], out["score"].T)
+
+
+def test_alignment_baseline_and_contact_scores(family):
+    base = xp.alignment_baseline(family)
+    L = len(family.native)
+    assert base.shape == (L, L)
+    contacts, evaluable = pr.contacts_for_sequence(family.native, family.structure, family.chain)
+    ev = evaluable & ~np.isnan(base)
+    perfect = xp.contact_scores(contacts.astype(float), contacts, ev)
+    assert perfect["AUROC"] == 1.0 and perfect["P@L/5"] == 1.0 and perfect["long P@L/5"] == 1.0
+    got = xp.contact_scores(base, contacts, ev)
+    # alignment MI + APC finds contacts far above the base rate (~0.03) on DHFR
+    assert got["P@L"] > 0.15 and got["AUROC"] > 0.6
+    rnd = xp.contact_scores(np.random.default_rng(0).random((L, L)), contacts, ev)
+    assert rnd["P@L"] < 0.12
+
+
+def test_protein_label_shard(family, tiny):
+    cfg = xp.ProteinLabelConfig(n_shards=1, contexts_per_shard=3, window=16, layers=(-1, 1), delta=0.05)
+    sh = xp.protein_label_shard(tiny, family, cfg, 0)
+    assert sh["tokens"].shape == (3, 16) and sh["mi"].shape == (3, 16, 16)
+    assert sh["hidden_-1"].shape == (3, 16, 32) and sh["hidden_1"].shape == (3, 16, 32)
+    masked = sh["tokens"] == tiny.mask_id
+    assert masked.any(1).all()
+    assert torch.all(sh["mi"][~masked] == 0)
+    codes = {int(i): c for c, name in enumerate(("train", "val", "test")) for i in getattr(family.split, name)}
+    assert [codes[int(s)] for s in sh["source_id"]] == sh["split"].tolist()
+    again = xp.protein_label_shard(tiny, family, cfg, 0)
+    assert torch.equal(sh["tokens"], again["tokens"]) and torch.equal(sh["mi"], again["mi"])
+
+
+def test_infilling_and_grouped_decoding(family, tiny):
+    tasks = xp.infilling_tasks(family, 4, seed=0, max_len=200)
+    test = set(family.part("test"))
+    assert len(tasks) == 4 and all(s in test for s, _ in tasks)
+    assert all(0.1 < m.mean() < 0.9 for _, m in tasks)
+    toks = []
+    for s, m in tasks:
+        t = tiny.encode([s])[0]
+        t[torch.from_numpy(m)] = tiny.mask_id
+        toks.append(t)
+    out, nfe, extra, secs = xp.decode_grouped(tiny, toks, Sequential("confidence"), temperature=0.0)
+    for (s, m), o, n in zip(tasks, out, nfe):
+        assert not (o == tiny.mask_id).any() and n == m.sum()
+        kept = tiny.decode(o[None])[0]
+        assert all(kept[i] == s[i] for i in np.nonzero(~m)[0])
+    out4, nfe4, _, _ = xp.decode_grouped(tiny, toks, TopK(4), temperature=1.0)
+    assert all(n == np.ceil(m.sum() / 4) for (s, m), n in zip(tasks, nfe4))
+
+
+def test_masked_ce_uniform_model_is_ln20(family):
+    m = ESMCMDM.tiny(d_model=32, n_heads=2, n_layers=1, seed=0)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.zero_()
+    ce = masked_ce(m, family.part("val")[:8])
+    assert abs(ce - np.log(20)) < 1e-5
