@@ -16,6 +16,10 @@ oracle, approximately for a trained MDM), with n = |S| maskable positions:
 time-free form is what any-order autoregression gives when the order is uniform: at the step where
 m positions are still masked, M is a uniform m-subset and the position unmasked is uniform in M.
 
+For a trained MDM whose conditionals are not exactly those of one joint, the same sum is the
+order-averaged any-order autoregressive NLL E_σ[−log p_σ(x)] (an upper bound on −log E_σ p_σ(x));
+every estimator here targets that same quantity, so their comparisons hold for any model.
+
 Estimators here draw K masks per sequence, spend one forward pass per non-empty mask, and return
 the mean, its standard error and the NFE. With S the whole sequence they estimate −log p(x); with
 S a subset they estimate the conditional (infilling) NLL −log p(x_S | x_{S^c}); positions outside
@@ -67,7 +71,7 @@ class Estimate:
 
 def harmonic(n: int | Tensor) -> Tensor:
     """H_n = Σ_{m=1}^{n} 1/m, float64 (``n`` an int or a long tensor)."""
-    n_t = torch.as_tensor(n, dtype=torch.long)
+    n_t = torch.as_tensor(n, dtype=torch.long).cpu()
     top = int(n_t.max()) if n_t.numel() else 0
     cum = torch.cat([torch.zeros(1, dtype=torch.float64),
                      torch.cumsum(1.0 / torch.arange(1, top + 1, dtype=torch.float64), 0)])
@@ -129,8 +133,9 @@ def masked_nll_terms(model: MaskedModel, tokens_NL: Tensor, mask_NL: Tensor, vid
         t = tokens_NL[r].masked_fill(mask_NL[r], model.mask_id)
         lp = model.log_probs(t).double()                               # [n, L, V]
         ll = lp.gather(2, vidx_NL[r].clamp_min(0).unsqueeze(2)).squeeze(2)  # [n, L]
-        out[r] = -(ll * mask_NL[r]).sum(1)
-    if torch.isinf(out).any():
+        # positions outside M are not scored: zero them (a -inf there must not turn into NaN)
+        out[r] = -torch.where(mask_NL[r], ll, torch.zeros_like(ll)).sum(1)
+    if torch.isinf(out).any() or torch.isnan(out).any():
         raise ValueError("the model gives probability 0 to a scored value: the NLL is infinite")
     return out
 
@@ -193,16 +198,19 @@ def _estimate(kind: str, model, tokens_BL, n_samples, maskable_BL, seed, batch_s
 
 
 def time_free_nll(model: MaskedModel, tokens_BL: Tensor, n_samples: int = 64, maskable_BL: Tensor | None = None,
-                  seed: int = 0, batch_size: int = 512, sizes: str = "harmonic") -> Estimate:
+                  seed: int = 0, batch_size: int = 512, sizes: str = "uniform") -> Estimate:
     """Time-free I-MDCE estimate of −log p(x_S | x_{S^c}) in nats, one forward pass per draw.
 
-    Each draw takes m with probability (1/m)/H_n over m = 1..n (all of them; n = |S|) and M a
-    uniform m-subset of S, and returns H_n · f(M), an unbiased estimate of
-    Σ_m (1/m) E_{|M|=m} f(M) (I-MDCE identity, *Information-Theoretic Discrete Diffusion*, NeurIPS 2025).
+    Both variants are unbiased estimates of Σ_{m=1}^{n} (1/m) E_{|M|=m} f(M) (I-MDCE identity,
+    *Information-Theoretic Discrete Diffusion*, NeurIPS 2025; n = |S|, M a uniform m-subset of S):
 
-    ``sizes="uniform"`` draws m uniformly from 1..n instead and returns (n/m) · f(M), the same sum
-    importance-sampled differently: better when the per-position loss f(M)/m grows with m (models
-    that are nearly certain once most positions are revealed, e.g. Sudoku), worse when it does not.
+    * ``sizes="uniform"`` (default): m uniform on 1..n, value (n/m) · f(M) — the any-order
+      autoregressive form the paper's released code uses (``k_DCE_loss``);
+    * ``sizes="harmonic"``: m with probability (1/m)/H_n over all of 1..n, value H_n · f(M).
+
+    They differ only in variance: per-draw second moments n Σ_m E[f²|m]/m² (uniform) and
+    H_n Σ_m E[f²|m]/m (harmonic). With a per-position loss that does not fall steeply with m the
+    uniform form is lower (by about H_n (n+1)/(2n) for a constant loss); chapter 6 measures both.
 
     Args:
         model: any `MaskedModel`.
@@ -212,7 +220,7 @@ def time_free_nll(model: MaskedModel, tokens_BL: Tensor, n_samples: int = 64, ma
             unconditional NLL of the sequence, or of the filled part if some positions hold the mask).
         seed: seed of the mask draws (same seed, same draws).
         batch_size: sequences per forward batch.
-        sizes: ``"harmonic"`` (m ∝ 1/m, the paper's estimator) or ``"uniform"``.
+        sizes: ``"uniform"`` (m uniform, weight n/m) or ``"harmonic"`` (m ∝ 1/m, weight H_n).
 
     Returns:
         `Estimate` (value ``[B]`` nats, stderr, nfe = K per sequence, draws ``[B, K]``).
@@ -233,8 +241,9 @@ def time_integral_nll(model: MaskedModel, tokens_BL: Tensor, n_samples: int = 64
 
     This is the masked-diffusion (MDLM) denoising cross-entropy with the linear schedule, which the
     I-MDCE identity shows is exact in expectation. A draw with M empty costs no forward pass and
-    contributes 0. Its second moment diverges (logarithmically, from |M| = 1 at small λ), which is
-    why the time-free estimator has a far smaller variance at equal NFE.
+    contributes 0. Its second moment diverges (logarithmically, from |M| = 1 at small λ): its
+    standard error is not a reliable measure of its spread, and where the loss of single-position
+    masks is not negligible the time-free estimators are far less variable at equal NFE.
 
     Args/Returns/Raises: as `time_free_nll` (nfe counts only non-empty masks).
     """
@@ -277,19 +286,23 @@ def exhaustive_nll(model: MaskedModel, tokens_L: Tensor, maskable_L: Tensor | No
 
 
 def log_likelihood_ratio(model: MaskedModel, x_BL: Tensor, y_BL: Tensor, n_samples: int = 64, coupled: bool = True,
-                         estimator: str = "time_free", maskable_BL: Tensor | None = None, seed: int = 0,
+                         estimator: str = "time_free_uniform", maskable_BL: Tensor | None = None, seed: int = 0,
                          batch_size: int = 512) -> Estimate:
     """Estimate log p(x_S | ·) − log p(y_S | ·) in nats for pairs of equal-length sequences.
 
     Coupled (*Information-Theoretic Discrete Diffusion*, NeurIPS 2025): the same mask draws (m, M,
     or λ, M) score both sequences and each draw returns the difference w·(f_y(M) − f_x(M)); the
     shared randomness cancels, so the variance is far below the decoupled version, which draws
-    masks independently for x and y. Either way 2K forward passes per pair.
+    masks independently for x and y. Either way up to 2K forward passes per pair (the
+    time-integral estimator skips empty masks).
+
+    Positions masked in x or y are marginalised in both, so the two are scored in the same context.
 
     Args:
         x_BL, y_BL: ``[B, L]`` the two sequences of each pair (same shape).
         coupled: share mask draws between x and y (True) or not (False).
-        estimator: one of `ESTIMATORS` (``"time_free"``, ``"time_free_uniform"``, ``"time_integral"``).
+        estimator: one of `ESTIMATORS`: ``"time_free_uniform"`` (default), ``"time_free"`` (harmonic
+            sizes) or ``"time_integral"``.
         maskable_BL: ``[B, L]`` bool scored set, shared by x and y (default: positions unmasked in both).
         Other arguments as `time_free_nll`.
 
@@ -301,8 +314,10 @@ def log_likelihood_ratio(model: MaskedModel, x_BL: Tensor, y_BL: Tensor, n_sampl
     """
     if x_BL.shape != y_BL.shape:
         raise ValueError(f"x and y must have the same shape, got {tuple(x_BL.shape)} and {tuple(y_BL.shape)}")
+    if not torch.equal(model.is_masked(x_BL), model.is_masked(y_BL)):
+        raise ValueError("x and y hold the mask at different positions: they would be scored in different contexts")
     if maskable_BL is None:
-        maskable_BL = ~model.is_masked(x_BL) & ~model.is_masked(y_BL)
+        maskable_BL = ~model.is_masked(x_BL)
     if not coupled:
         ex = _estimate(estimator, model, x_BL, n_samples, maskable_BL, seed, batch_size)
         ey = _estimate(estimator, model, y_BL, n_samples, maskable_BL, seed + 1_000_003, batch_size)

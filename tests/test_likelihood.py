@@ -54,7 +54,7 @@ def test_exhaustive_conditional_is_exact(oracle):
 
 
 @pytest.mark.parametrize("estimator", [time_free_nll, time_integral_nll,
-                                       lambda *a, **k: time_free_nll(*a, sizes="uniform", **k)])
+                                       lambda *a, **k: time_free_nll(*a, sizes="harmonic", **k)])
 def test_monte_carlo_converges(oracle, estimator):
     model, log_joint = oracle
     x = _states(3, seed=2)
@@ -81,8 +81,9 @@ def test_time_free_has_lower_variance(oracle):
     model, _ = oracle
     x = _states(4, seed=4)
     tf = time_free_nll(model, x, n_samples=3000, seed=1)
+    th = time_free_nll(model, x, n_samples=3000, seed=1, sizes="harmonic")
     ti = time_integral_nll(model, x, n_samples=3000, seed=1)
-    assert (tf.variance < ti.variance).all()
+    assert (tf.variance < ti.variance).all() and (tf.variance < th.variance).all()
 
 
 def test_coupled_ratio(oracle):
@@ -163,3 +164,42 @@ def test_chapter_helpers_on_oracle():
     p = perturb_grids(g, 1, 0)
     assert ((p != g).sum(1) == 2).all() and not sd.is_valid_solution_batch(p).any()
     assert (np.sort(p.reshape(4, 9, 9), 2) == np.sort(g.reshape(4, 9, 9), 2)).all()  # rows keep their digits
+
+
+def test_monte_carlo_conditional_and_marginalised(oracle):
+    """The conditional (S a strict subset) and marginalised (masks outside S) paths converge to the table values."""
+    model, log_joint = oracle
+    x = _states(1, seed=9)[0]
+    S = torch.tensor([True, True, False, True, False, True])
+    states = torch.cartesian_prod(*[torch.arange(3)] * 6)
+    lj = log_joint.flatten()
+    ctx = (states[:, ~S] == x[~S]).all(1)
+    exact_cond = -(float(log_joint[tuple(x.tolist())]) - float(torch.logsumexp(lj[ctx], 0)))
+    for sizes in ("uniform", "harmonic"):
+        e = time_free_nll(model, x[None], n_samples=4000, maskable_BL=S[None], seed=4, sizes=sizes)
+        assert abs(float(e.value) - exact_cond) < 4 * float(e.stderr) + 1e-3
+        assert float(e.value) != pytest.approx(float(time_free_nll(model, x[None], 4000, seed=4, sizes=sizes).value), abs=0.3)
+    xm = x.clone()
+    xm[~S] = model.mask_id
+    exact_marg = exhaustive_nll(model, xm)
+    e = time_free_nll(model, xm[None], n_samples=4000, seed=5)
+    assert abs(float(e.value) - exact_marg) < 4 * float(e.stderr) + 1e-3
+
+
+def test_zero_probability_outside_the_scored_set_is_not_nan():
+    # value 0 impossible at position 0 given x_1 = 1 ... the masked position 2 must not poison the sum
+    states = torch.tensor([[0, 1, 1], [1, 0, 1], [1, 1, 1]])
+    model = TableJointMDM.from_samples(states, 2)
+    x = torch.tensor([0, 1, model.mask_id])
+    assert math.isfinite(exhaustive_nll(model, x))
+    assert abs(exhaustive_nll(model, x) - math.log(3)) < 1e-12  # p(x0=0, x1=1) = 1/3
+    assert torch.isfinite(time_free_nll(model, x[None], n_samples=20).value).all()
+
+
+def test_ratio_refuses_different_contexts(oracle):
+    model, _ = oracle
+    x = _states(1)
+    y = x.clone()
+    y[0, 0] = model.mask_id
+    with pytest.raises(ValueError, match="different positions"):
+        log_likelihood_ratio(model, x, y)

@@ -25,9 +25,9 @@ SYMMETRY_GROUP_ORDER = math.factorial(9) * 6 ** 8 * 2
 
 #: The three Monte Carlo estimators compared in the chapter, by display name.
 ESTIMATOR_FNS = {
-    "time-free (m ∝ 1/m)": time_free_nll,
-    "time-free (m uniform)": lambda *a, **k: time_free_nll(*a, sizes="uniform", **k),
-    "time-integral (λ ~ U)": time_integral_nll,
+    "time-free (m uniform, n/m)": lambda *a, **k: time_free_nll(*a, sizes="uniform", **k),
+    "time-free (m ∝ 1/m, H_n)": lambda *a, **k: time_free_nll(*a, sizes="harmonic", **k),
+    "time-integral (λ ~ U, 1/λ)": time_integral_nll,
 }
 
 
