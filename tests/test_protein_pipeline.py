@@ -89,7 +89,7 @@ def test_mi_map_is_symmetric_and_counts(tiny):
 
 def test_categorical_jacobian_matches_direct_computation(tiny):
     seq = "MKTAYIAKQRQISFVKSH"
-    out = xp.categorical_jacobian(tiny, seq, batch_size=50)
+    out = xp.categorical_jacobian(tiny, seq, rate=0.0, batch_size=50)
     L, V = len(seq), 20
     assert out["nfe"] == L * V + 1
     # direct: J[i, a, j, b] for all a, b at (i, j) = (2, 9)
@@ -172,3 +172,46 @@ def test_masked_ce_uniform_model_is_ln20(family):
             p.zero_()
     ce = masked_ce(m, family.part("val")[:8])
     assert abs(ce - np.log(20)) < 1e-5
+
+
+def test_masked_categorical_jacobian_reads_masked_outputs(tiny):
+    seq = "MKTAYIAKQRQISFVKSH"
+    L, V = len(seq), 20
+    out = xp.categorical_jacobian(tiny, seq, rate=0.5, patterns=3, seed=2)
+    g = np.random.default_rng(2)
+    masks = [g.random(L) < 0.5 for _ in range(3)]
+    assert out["nfe"] == sum(1 + (~m).sum() * V for m in masks)
+    covered = np.zeros((L, L), bool)
+    for m in masks:
+        covered |= np.outer(~m, m)
+    covered |= covered.T
+    off = ~np.eye(L, dtype=bool)
+    assert np.array_equal(np.isnan(out["raw"]) & off, ~covered & off)
+    # one pair by hand: i observed and j masked in the first pattern
+    m = masks[0]
+    i, j = int(np.nonzero(~m)[0][0]), int(np.nonzero(m)[0][0])
+    x = tiny.encode([seq])
+    x[0, torch.from_numpy(m)] = tiny.mask_id
+    with torch.no_grad():
+        base = tiny(x).logits[0, j].double()
+        J = torch.stack([tiny(x.index_put((torch.tensor([0]), torch.tensor([i])), tiny.value_token_ids[a:a + 1])).logits[0, j].double() - base
+                         for a in range(V)])
+    J = J - J.mean(0, keepdim=True)
+    J = J - J.mean(1, keepdim=True)
+    first = float(torch.sqrt((J ** 2).sum()))
+    n_ij = sum(1 for mm in masks if (not mm[i]) and mm[j])
+    n_ji = sum(1 for mm in masks if (not mm[j]) and mm[i])
+    if n_ij == 1 and n_ji == 0:
+        assert abs(out["raw"][i, j] - first) < 1e-6
+    with pytest.raises(ValueError, match="rate"):
+        xp.categorical_jacobian(tiny, seq, rate=1.0)
+
+
+def test_apc_nan_ignores_missing_pairs():
+    rng = np.random.default_rng(0)
+    A = rng.random((6, 6)); A = (A + A.T) / 2
+    full = xp.pr.apc(A)
+    assert np.allclose(xp.apc_nan(A), full)
+    B = A.copy(); B[0, 3] = B[3, 0] = np.nan
+    out = xp.apc_nan(B)
+    assert np.isnan(out[0, 3]) and np.isfinite(out[1, 2])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -72,36 +73,82 @@ def mi_map(model: ESMCMDM, seq: str, rate: float = 1.0, patterns: int = 1, delta
     return {"mi": mi, "counts": cnt, "nfe": nfe, "seconds": secs}
 
 
-@torch.no_grad()
-def categorical_jacobian(model: ESMCMDM, seq: str, batch_size: int = 64) -> dict:
-    """Categorical Jacobian contact score (Zhang et al. 2024, *PNAS*: protein language models learn
-    evolutionary statistics of interacting sequence motifs).
+def apc_nan(matrix: np.ndarray) -> np.ndarray:
+    """Average product correction (Dunn et al. 2008) over the observed (non-NaN) off-diagonal entries.
 
-    For every position i and amino acid a, substitute x_i = a (nothing masked), run the model and take
-    J[i, a, j, b] = logit_j,b(x with x_i = a) − logit_j,b(x); centre J over a and over b, score
-    (i, j) by the Frobenius norm over (a, b), symmetrise, and apply APC (`mimdm.data.protein.apc`).
+    Like `mimdm.data.protein.apc`, but row means and the overall mean ignore NaN pairs (e.g. pairs never
+    masked together), which stay NaN in the result. Diagonal 0.
+    """
+    M = np.array(matrix, dtype=np.float64)
+    np.fill_diagonal(M, np.nan)
+    row = np.nanmean(M, 1)
+    overall = np.nanmean(M)
+    out = M - (np.outer(row, row) / overall if overall != 0 else 0.0)
+    np.fill_diagonal(out, 0.0)
+    return out
+
+
+@torch.no_grad()
+def categorical_jacobian(model: ESMCMDM, seq: str, rate: float = 0.5, patterns: int = 8, seed: int = 0,
+                         batch_size: int = 64) -> dict:
+    """Categorical Jacobian contact score (Zhang et al. 2024, *PNAS*: protein language models learn
+    evolutionary statistics of interacting sequence motifs), read at masked positions.
+
+    Substitute x_i = a at an observed position i and take the change of the logits of a position j,
+    J[i, a, j, b] = logit_j,b(x with x_i = a) − logit_j,b(x); centre J over a and over b and score
+    (i, j) by the Frobenius norm over (a, b). A masked-diffusion objective trains only the outputs
+    of masked positions, so j is read while masked: each pattern masks a random fraction ``rate``
+    of the positions and contributes the pairs (i observed, j masked); scores are averaged over
+    patterns and over the two directions (NaN for pairs never covered). ``rate=0`` gives the
+    classic variant with nothing masked (for models trained on unmasked outputs too, e.g. BERT-style
+    80/10/10 corruption). APC (`apc_nan`) gives ``score``.
 
     Returns:
-        ``{"score": [L, L] float64 (APC-corrected), "raw": [L, L], "nfe": L·20 + 1, "seconds": s}``.
+        ``{"score": [L, L] float64 APC-corrected, "raw": [L, L], "nfe": passes, "seconds": s}``.
+
+    Raises:
+        ValueError: ``rate`` outside [0, 1).
     """
+    if not 0 <= rate < 1:
+        raise ValueError(f"rate must be in [0, 1), got {rate}")
     t0 = time.perf_counter()
     x = native_tokens(model, seq)
     L, V = x.shape[1], model.n_values
-    base = model(x).logits[0].double()                                  # [L, V]
-    rows = x.repeat(L * V, 1)
-    pos = torch.arange(L, device=x.device).repeat_interleave(V)
-    val = torch.arange(V, device=x.device).repeat(L)
-    rows[torch.arange(L * V, device=x.device), pos] = model.value_token_ids[val]
-    out = torch.empty(L * V, L, V, dtype=torch.float64, device=x.device)
-    for s in range(0, L * V, batch_size):
-        out[s:s + batch_size] = model(rows[s:s + batch_size]).logits.double()
-    J = (out - base).reshape(L, V, L, V)
-    J = J - J.mean(1, keepdim=True)
-    J = J - J.mean(3, keepdim=True)
-    raw = torch.sqrt((J ** 2).sum((1, 3))).cpu().numpy()
-    raw = (raw + raw.T) / 2
+    g = np.random.default_rng(seed)
+    tot = np.zeros((L, L))
+    cnt = np.zeros((L, L))
+    nfe = 0
+    for _ in range(1 if rate == 0 else patterns):
+        m = np.zeros(L, bool) if rate == 0 else g.random(L) < rate
+        ctx = x.clone()
+        ctx[0, torch.from_numpy(m).to(x.device)] = model.mask_id
+        obs = np.nonzero(~m)[0]
+        if len(obs) == 0:
+            continue
+        base = model(ctx).logits[0].double()                          # [L, V]
+        rows = ctx.repeat(len(obs) * V, 1)
+        pos = torch.from_numpy(obs).to(x.device).repeat_interleave(V)
+        val = torch.arange(V, device=x.device).repeat(len(obs))
+        rows[torch.arange(len(obs) * V, device=x.device), pos] = model.value_token_ids[val]
+        out = torch.empty(len(obs) * V, L, V, dtype=torch.float64, device=x.device)
+        for s0 in range(0, len(rows), batch_size):
+            out[s0:s0 + batch_size] = model(rows[s0:s0 + batch_size]).logits.double()
+        nfe += 1 + len(rows)
+        J = (out - base).reshape(len(obs), V, L, V)
+        J = J - J.mean(1, keepdim=True)
+        J = J - J.mean(3, keepdim=True)
+        norm = torch.sqrt((J ** 2).sum((1, 3))).cpu().numpy()       # [n_obs, L]
+        read = m if rate > 0 else np.ones(L, bool)                   # positions whose outputs are read
+        tot[np.ix_(obs, np.nonzero(read)[0])] += norm[:, read]
+        cnt[np.ix_(obs, np.nonzero(read)[0])] += 1
+    with np.errstate(invalid="ignore"):
+        directed = tot / cnt                                          # [i, j]: NaN if never covered
+    both = np.stack([directed, directed.T])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        raw = np.nanmean(both, 0)
     np.fill_diagonal(raw, 0.0)
-    return {"score": pr.apc(raw), "raw": raw, "nfe": L * V + 1, "seconds": time.perf_counter() - t0}
+    return {"score": apc_nan(raw), "raw": raw, "nfe": nfe, "seconds": time.perf_counter() - t0}
 
 
 def alignment_baseline(family: FamilyData) -> np.ndarray:
@@ -123,15 +170,15 @@ def alignment_baseline(family: FamilyData) -> np.ndarray:
 def contact_scores(score_LL: np.ndarray, contacts: np.ndarray, evaluable: np.ndarray) -> dict:
     """P@L, P@L/2, P@L/5 for separation ≥ 6 and ≥ 24 (long range), and AUROC over the evaluable pairs (sep ≥ 6).
 
-    ``L`` is the sequence length; pairs with NaN scores must be excluded from ``evaluable`` beforehand.
+    ``L`` is the sequence length; pairs with NaN scores are left out (``n_pairs`` counts the evaluated pairs).
     """
     from sklearn.metrics import roc_auc_score
 
     L = score_LL.shape[0]
-    s = np.nan_to_num(score_LL, nan=-np.inf)
-    out = {}
+    evaluable = evaluable & ~np.isnan(score_LL)  # pairs without a score are not evaluated
+    out = {"n_pairs": int(np.triu(evaluable, 1).sum())}
     for tag, sep in (("", 6), ("long ", 24)):
-        for k, v in precision_at_L(s, contacts, min_sep=sep, evaluable_LL=evaluable, length=L).items():
+        for k, v in precision_at_L(score_LL, contacts, min_sep=sep, evaluable_LL=evaluable, length=L).items():
             out[f"{tag}{k}"] = v
     iu = np.triu_indices(L, 1)
     e = evaluable[iu]

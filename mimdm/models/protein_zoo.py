@@ -274,11 +274,12 @@ def load_or_train_protein_mdm(model_cfg: ProteinMDMConfig, train_cfg: TrainConfi
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(train_cfg.seed)
         model = ESMCMDM.from_config(model_cfg.d_model, model_cfg.n_heads, model_cfg.n_layers, max_len=model_cfg.max_len).to(dev)
-    t0 = time.perf_counter()
     log = train_mdm(model, length_batches(family.part("train"), window), train_cfg, d / "train_state.pt", progress=progress)
     model.eval()
+    t0 = time.perf_counter()
     ev = {"val_ce": masked_ce(model, family.part("val")), "test_ce": masked_ce(model, family.part("test")),
-          "uniform_ce": float(np.log(20)), "eval_seconds": round(time.perf_counter() - t0, 1)}
+          "uniform_ce": float(np.log(20)), "train_seconds": log[-1]["seconds"] if log else 0.0,
+          "eval_seconds": round(time.perf_counter() - t0, 1)}
     atomic_save({
         "kind": "protein_mdm", "state_dict": model.state_dict(),
         "model_config": json.dumps(model_cfg.to_dict()), "train_config": json.dumps(train_cfg.to_dict()),
