@@ -20,8 +20,8 @@ from .device import resolve_device
 from .profiles import get_profile
 
 #: Chapter notebooks in reading order (paths relative to the book root); keep in sync with _toc.yml.
-CHAPTERS = ["book/01_ground_truth_mi.ipynb", "book/02_estimator_accuracy.ipynb", "book/03_sudoku_constraints.ipynb",
-            "book/05_speedup_analysis.ipynb"]
+CHAPTERS = ["book/01_ground_truth_mi.ipynb", "book/02_estimator_accuracy.ipynb", "book/03_sudoku_constraints.ipynb", "book/04_protein_decoding.ipynb",
+            "book/05_speedup_analysis.ipynb", "book/06_likelihood.ipynb", "book/mi_explorer.ipynb"]
 
 
 def prepare_artifacts(profile: str, device: str = "cpu", progress: bool = True) -> None:
@@ -37,6 +37,13 @@ def prepare_artifacts(profile: str, device: str = "cpu", progress: bool = True) 
     prep = mi_head.prepare(p, model, rec["path"], progress=progress)
     print(f"[mimdm] MI labels -> {prep['labels']}; MI head ({prep['head'].n_parameters():,} parameters) "
           f"and {len(prep['ablations'])} ablation heads ready", flush=True)
+    from .experiments import protein
+    from .models.protein_zoo import FamilySpec
+
+    pp = protein.prepare(p, FamilySpec(), device=device, progress=progress)
+    print(f"[mimdm] protein MDM {pp['model_name']} ({pp['record']['n_parameters']:,} parameters, validation CE "
+          f"{pp['record']['eval']['val_ce']:.3f} nats) -> {pp['record']['path']}; protein MI head "
+          f"({pp['head'].n_parameters():,} parameters) ready", flush=True)
 
 
 def execute_chapters(root: Path, profile: str, device: str = "cpu", chapters: list[str] | None = None,

@@ -161,6 +161,11 @@ PROFILES: dict[str, Profile] = {
         likelihood_repeats=6,
         likelihood_contexts=100,
         nll_draws=16,
+        protein_labels=ProteinLabelConfig(n_shards=4, contexts_per_shard=16, window=96, delta=0.05, batch_tokens=96 * 256),
+        protein_mi_patterns=4,
+        protein_mi_delta=0.05,
+        protein_infill=16,
+        protein_generate=16,
     ),
     "paper": Profile(
         name="paper",

@@ -27,7 +27,9 @@ def test_chapters_have_a_papermill_parameters_cell():
 
 
 RESULTS = {"book/01_ground_truth_mi.ipynb": "ground_truth_mi", "book/02_estimator_accuracy.ipynb": "estimator_accuracy",
-           "book/03_sudoku_constraints.ipynb": "sudoku_constraints", "book/05_speedup_analysis.ipynb": "speedup"}
+           "book/03_sudoku_constraints.ipynb": "sudoku_constraints", "book/04_protein_decoding.ipynb": "protein",
+           "book/05_speedup_analysis.ipynb": "speedup", "book/06_likelihood.ipynb": "likelihood",
+           "book/mi_explorer.ipynb": "mi_explorer"}
 
 
 def test_committed_chapters_are_executed_with_results_from_a_full_run():
@@ -55,6 +57,12 @@ def test_smoke_book_runs_and_builds(tmp_path):
     assert v["levels"][-1]["contexts"] == "unique puzzles"
     for stem in RESULTS.values():
         assert json.loads((root / "book" / "results" / f"{stem}.json").read_text())["profile"] == "smoke"
+    lik = json.loads((root / "book" / "results" / "likelihood.json").read_text())["values"]
+    assert lik["oracle"]["exhaustive_max_error"] < 1e-9
+    prot = json.loads((root / "book" / "results" / "protein.json").read_text())["values"]
+    methods = {r["method"] for r in prot["contacts"]}
+    assert {"alignment MI + APC (baseline)", "categorical Jacobian + APC", "probed MI (all masked)"} <= methods
+    assert {r["rule"] for r in prot["generation"]} >= {"sequential", "top-k", "threshold", "EB-sampler", "MI-guided"}
     for ch in CHAPTERS:
         nb = nbformat.read(root / ch, 4)
         errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
@@ -64,3 +72,9 @@ def test_smoke_book_runs_and_builds(tmp_path):
         html = (root / "_build" / "html" / ch.replace(".ipynb", ".html")).read_text()
         assert html.count("<img") >= 2, ch
     assert "Ground-truth MI" in (root / "_build" / "html" / "book" / "01_ground_truth_mi.html").read_text()
+    # the explorer's widgets are embedded and load only vendored JavaScript
+    nb = nbformat.read(root / "book/mi_explorer.ipynb", 4)
+    assert nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    html = (root / "_build/html/book/mi_explorer.html").read_text()
+    assert "application/vnd.jupyter.widget-state+json" in html and "_static/vendor/html-manager-1.0.15/embed-amd.js" in html
+    assert not re.search(r'<script[^>]*src="https?://', html)
