@@ -34,9 +34,10 @@ def main() -> None:
     x = grids_to_tokens(np.stack([p.puzzle for p in puzzles]), dev)
     rows = sp.sweep(model, x, sp.rule_grid(head, P.head_train.layer), lambda t: sp.score_solving(t, puzzles), progress=True)
     seq = rows[0]
-    print(f"{'rule':12s} {'knob':>7s} {'solve':>6s} {'NFE':>7s} {'ms/puzzle':>10s} {'NFE ratio':>10s} {'time ratio':>10s}")
+    print(f"{'rule':12s} {'knob':>7s} {'H cap':>6s} {'solve':>6s} {'NFE':>7s} {'ms/puzzle':>10s} {'NFE ratio':>10s} {'time ratio':>10s}")
     for r in rows:
-        print(f"{r['rule']:12s} {r['knob']:7.4g} {r['solve_rate']:6.3f} {r['nfe']:7.2f} {1e3 * r['seconds']:10.2f} "
+        cap = "-" if r["entropy_cap"] is None else f"{r['entropy_cap']:g}"
+        print(f"{r['rule']:12s} {r['knob']:7.4g} {cap:>6s} {r['solve_rate']:6.3f} {r['nfe']:7.2f} {1e3 * r['seconds']:10.2f} "
               f"{seq['nfe'] / r['nfe']:10.2f} {seq['seconds'] / r['seconds']:10.2f}")
     print(f"torch {torch.__version__}, device {dev}, threads {torch.get_num_threads()}")
 

@@ -23,7 +23,8 @@ import torch
 
 from mimdm.data import sudoku as sd
 from mimdm.device import resolve_device
-from mimdm.heads import MIHead, MIHeadConfig, head_inputs
+from mimdm.experiments.mi_head import protein_head_config_for
+from mimdm.heads import MIHead, head_inputs
 from mimdm.profiles import PROFILES, get_profile
 
 
@@ -71,7 +72,7 @@ def protein_setup(P, dev, length: int):
         "d_model": P.protein_model.d_model, "n_heads": P.protein_model.n_heads, "n_layers": P.protein_model.n_layers}
     torch.manual_seed(0)
     model = ESMCMDM.from_config(**arch).to(dev).eval()
-    head = MIHead(MIHeadConfig(model.hidden_dim, d_hidden=P.protein_head_hidden, rank=P.protein_head_rank)).to(dev).eval()
+    head = MIHead(protein_head_config_for(P, model)).to(dev).eval()
 
     def contexts(n):
         g = torch.Generator().manual_seed(0)

@@ -104,6 +104,7 @@ def _load_family(p):
 def _load_protein(p, dev, fam):
     """The profile's protein MDM (never trained here) and its cache key, as `mimdm.experiments.protein.prepare`."""
     from .artifacts import artifacts_root
+    from .device import apply_precision
     from .models.esmc import ESMCMDM
     from .models.protein_zoo import load_or_train_protein_mdm, protein_mdm_dir
 
@@ -117,8 +118,8 @@ def _load_protein(p, dev, fam):
             raise CLIError(f"no trained protein MDM for profile {p.name!r} under {artifacts_root()} (looked for "
                            f"{d / 'model.pt'}); run `mimdm train --profile {p.name} --what protein` first",
                            code=1) from None
-        return model, rec, Path(rec["path"]).parent.name
-    model = ESMCMDM.load(name, device=dev)  # FileNotFoundError says where it looked and how to provide the weights
+        return apply_precision(model), rec, Path(rec["path"]).parent.name
+    model = apply_precision(ESMCMDM.load(name, device=dev))  # FileNotFoundError says where and how to provide the weights
     return model, {"path": str(name), "n_parameters": model.n_parameters()}, Path(str(name)).name
 
 
@@ -256,13 +257,13 @@ def cmd_fit_head(args) -> int:
         labels = load_or_build_labels(model, rec["path"], p.labels, progress=progress)
         hcfg, tcfg = head_config_for(p, model), p.head_train
     else:
+        from .experiments.mi_head import protein_head_config_for
         from .experiments.protein import load_or_build_protein_labels
-        from .heads import MIHeadConfig
 
         fam = _load_family(p)
         model, rec, key = _load_protein(p, dev, fam)
         labels = load_or_build_protein_labels(model, key, fam, p.protein_labels, progress=progress)
-        hcfg = MIHeadConfig(model.hidden_dim, d_hidden=p.protein_head_hidden, rank=p.protein_head_rank)
+        hcfg = protein_head_config_for(p, model)
         tcfg = p.protein_head_train
     path = _head_path(labels, hcfg, tcfg)
     cached = path.exists()
@@ -294,8 +295,20 @@ def _check_knob(rule: str, knob: float | None):
     return k
 
 
-def _make_rule(rule: str, knob, head=None, layer: int = -1):
-    """A `mimdm.decoding.Rule` from a validated knob (`_check_knob`); ``head`` for the MI-guided rule."""
+def _check_cap(args) -> float:
+    """The validated ``--entropy-cap`` (inf when not given)."""
+    cap = getattr(args, "entropy_cap", None)
+    if cap is None:
+        return math.inf
+    if args.rule != "mi":
+        raise CLIError(f"--entropy-cap belongs to --rule mi, not --rule {args.rule}; drop it")
+    if not cap >= 0:
+        raise CLIError(f"--entropy-cap must be >= 0 nats, got {cap:g}")
+    return cap
+
+
+def _make_rule(rule: str, knob, head=None, layer: int = -1, entropy_cap: float = math.inf):
+    """A `mimdm.decoding.Rule` from a validated knob (`_check_knob`); ``head`` and ``entropy_cap`` for the MI-guided rule."""
     from .decoding import EBSampler, MIGuided, Sequential, Threshold, TopK, head_mi_fn
 
     if rule == "sequential":
@@ -306,7 +319,7 @@ def _make_rule(rule: str, knob, head=None, layer: int = -1):
         return Threshold(knob)
     if rule == "eb":
         return EBSampler(knob)
-    return MIGuided(head_mi_fn(head, layer), eps=knob)
+    return MIGuided(head_mi_fn(head, layer), eps=knob, entropy_cap=entropy_cap)
 
 
 def _parse_puzzles(strings: list[str]):
@@ -345,11 +358,11 @@ def _decode_sudoku(args) -> dict:
     from .models.zoo import grids_to_tokens, tokens_to_grids
 
     grids = _parse_puzzles(args.puzzles)
-    knob = _check_knob(args.rule, args.knob)
+    knob, cap = _check_knob(args.rule, args.knob), _check_cap(args)
     p, dev = _profile(args.profile), _device(args.device)
     model, rec = _load_sudoku(p, dev)
     head = _sudoku_head(p, model, rec, dev) if args.rule == "mi" else None
-    rule = _make_rule(args.rule, knob, head, p.head_train.layer)
+    rule = _make_rule(args.rule, knob, head, p.head_train.layer, cap)
     out = decode(model, grids_to_tokens(grids, dev), rule, temperature=args.temperature, seed=args.seed)
     dec = tokens_to_grids(out.tokens)
     rows = []
@@ -375,7 +388,7 @@ def _decode_protein(args) -> dict:
         except (TypeError, ValueError) as e:
             raise CLIError(f"--protein sequence {i}: {e} (use the 20 upper-case amino-acid letters and '_' for a "
                            "masked position)") from None
-    knob = _check_knob(args.rule, args.knob)
+    knob, cap = _check_knob(args.rule, args.knob), _check_cap(args)
     p, dev = _profile(args.profile), _device(args.device)
     longest = max(map(len, args.protein))
     if longest > p.protein_model.max_len:
@@ -385,15 +398,16 @@ def _decode_protein(args) -> dict:
     model, rec, key = _load_protein(p, dev, fam)
     head = None
     if args.rule == "mi":
-        from .heads import MIHeadConfig, load_head
+        from .experiments.mi_head import protein_head_config_for
+        from .heads import load_head
 
-        hcfg = MIHeadConfig(model.hidden_dim, d_hidden=p.protein_head_hidden, rank=p.protein_head_rank)
+        hcfg = protein_head_config_for(p, model)
         path = _head_path(_protein_label_dir(key, fam, p.protein_labels), hcfg, p.protein_head_train)
         if not path.exists():
             raise CLIError(f"--rule mi needs the profile's protein MI head, which is not trained (looked for {path}); "
                            f"run `mimdm fit-head --profile {p.name} --what protein` first", code=1)
         head = load_head(path, dev)[0]
-    rule = _make_rule(args.rule, knob, head, p.protein_head_train.layer)
+    rule = _make_rule(args.rule, knob, head, p.protein_head_train.layer, cap)
     toks = [model.encode(s)[0] for s in args.protein]
     out, nfe, extra, secs = decode_grouped(model, toks, rule, args.temperature, args.seed)
     rows = []
@@ -563,7 +577,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "top-k (k positions per forward pass, default 2); threshold (every position with max "
                            "probability >= tau, default 0.9); eb (entropy-bounded sampler, gamma in nats, default "
                            "0.1); mi (MI-guided: admit a position only if its predicted MI with every position chosen "
-                           "in the step is <= eps nats, default 0.01; needs the MI head, `mimdm fit-head`).",
+                           "in the step is <= eps nats, default 0.01, and, with --entropy-cap, only if its entropy is "
+                           "at most the cap; needs the MI head, `mimdm fit-head`).",
                            "Prints each decoded grid, its NFE (forward passes of the MDM), MI-head passes, whether it "
                            "is a valid solution keeping the givens, and the wall-clock seconds of the batched call."),
                        epilog="example:\n  mimdm decode --profile cpu --rule mi --knob 0.01 \\\n    "
@@ -576,6 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "generate (repeatable), decoded with the profile's protein MDM")
     d.add_argument("--rule", choices=RULES, default="sequential", help="unmasking rule (default: sequential)")
     d.add_argument("--knob", type=float, default=None, help="the rule's parameter (see above; default per rule)")
+    d.add_argument("--entropy-cap", type=float, default=None, metavar="NATS",
+                   help="mi rule only: admit a position (after the step's first) only if its entropy is <= NATS (default: no cap)")
     d.add_argument("--temperature", type=float, default=0.0, help="0: argmax values (default); > 0: sample at this temperature")
     d.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
     d.add_argument("--pretty", action="store_true", help="print grids as 9 rows instead of one 81-character line")

@@ -217,6 +217,21 @@ def head_mi_fn(head, layer: int = -1):
     return fn
 
 
+def zero_mi_fn():
+    """MI source for `MIGuided` that reports zero MI at no cost: the rule then reduces to its entropy cap.
+
+    With ``eps`` ≥ 0 every capped candidate is admitted, so ``MIGuided(zero_mi_fn(), entropy_cap=c)``
+    is the "entropy cap" control of chapter 5 (what the cap does without any MI).
+    """
+
+    def fn(info: StepInfo, model: MaskedModel):
+        B, L = info.masked.shape
+        return torch.zeros(B, L, L, device=info.masked.device), {}
+
+    fn.layer = -1
+    return fn
+
+
 def oracle_mi_fn(delta: float = 0.0, batch_tokens: int = 81 * 512):
     """MI source for `MIGuided` from ground-truth probing at every step (its passes counted separately)."""
     from .probing import probe_mi

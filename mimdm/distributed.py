@@ -38,6 +38,7 @@ import argparse
 import datetime
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -50,7 +51,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from .heads import HeadTrainConfig, MIHead, MIHeadConfig, mi_loss, save_head
+from .heads import HeadTrainConfig, MIHead, MIHeadConfig, make_optimizer, mi_loss, save_head
 from .labels import LabelConfig, label_shard
 from .artifacts import atomic_save
 from .models.base import MaskedModel
@@ -434,10 +435,10 @@ def train_head_ddp(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrai
     if info.active:
         net = torch.nn.parallel.DistributedDataParallel(
             head, device_ids=[device.index] if device.type == "cuda" else None)
-    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    n = len(train["tokens"])
+    opt, sched = make_optimizer(head, cfg, math.ceil(n / cfg.batch_size))
     best, best_state, bad, log = float("inf"), None, 0, []
     t0 = time.perf_counter()
-    n = len(train["tokens"])
     for epoch in tqdm(range(cfg.epochs), desc=f"train MI head (DDP x{info.world_size})", unit="epoch",
                       disable=not (progress and info.is_main)):
         net.train()
@@ -458,6 +459,8 @@ def train_head_ddp(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrai
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if sched is not None:
+                sched.step()
         if info.active:
             losses = _allreduce_sum(losses, info)
         tot, cnt = _val_loss_sum(head, val, cfg.layer, cfg.loss, mask_id, info, device)
@@ -469,7 +472,7 @@ def train_head_ddp(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrai
             best, best_state, bad = v, {k: x.clone() for k, x in head.state_dict().items()}, 0
         else:
             bad += 1
-            if bad >= cfg.patience:
+            if cfg.patience is not None and bad >= cfg.patience:
                 break
     if best_state is None:
         raise RuntimeError("the validation loss was never finite: check the labels (empty validation split?)")

@@ -53,7 +53,7 @@ class LabelConfig:
     min_mask_rate: float = 0.05
     layers: tuple[int, ...] = (-1,)
     delta: float = 0.0
-    batch_tokens: int = 81 * 512
+    batch_tokens: int | str = 81 * 512  # per forward pass; "auto": from free GPU memory (`mimdm.probing.probe_mi`)
     seed: int = 0
 
     def to_dict(self) -> dict:

@@ -74,7 +74,7 @@ def _sync(device: torch.device) -> None:
 
 
 @torch.no_grad()
-def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_tokens: int = 81 * 512) -> ProbeResult:
+def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_tokens: int | str = 81 * 512) -> ProbeResult:
     """Ground-truth pairwise conditional MI between the masked positions of each context.
 
     Args:
@@ -83,22 +83,27 @@ def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_to
         delta: top-value pruning threshold in [0, 1): probe the most probable values of each x_j
             covering at least 1 − delta of its mass (0: probe every value with p > 0).
         batch_tokens: memory budget of one forward pass, in tokens (rows per pass =
-            ``max(1, batch_tokens // L)``). Probes of several contexts share passes.
+            ``max(1, batch_tokens // L)``). Probes of several contexts share passes. ``"auto"``:
+            from free GPU memory on CUDA (`mimdm.device.auto_batch_tokens`), 512 rows on the CPU.
 
     Returns:
         `ProbeResult` (MI in nats, NFE per context, seconds).
 
     Raises:
-        ValueError: ``delta`` outside [0, 1) or ``batch_tokens < 1``; and whatever
+        ValueError: ``delta`` outside [0, 1), ``batch_tokens < 1`` or not ``"auto"``; and whatever
             `MaskedModel.check_tokens` raises (bad shape, ids, length, device).
     """
     if not 0 <= delta < 1:
         raise ValueError(f"delta must be in [0, 1), got {delta}")
-    if batch_tokens < 1:
-        raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
+    if isinstance(batch_tokens, str) and batch_tokens != "auto" or not isinstance(batch_tokens, str) and batch_tokens < 1:
+        raise ValueError(f"batch_tokens must be >= 1 or 'auto', got {batch_tokens!r}")
     if tokens_BL.dim() == 1:
         tokens_BL = tokens_BL[None]
     model.check_tokens(tokens_BL)
+    if batch_tokens == "auto":
+        from .device import auto_batch_tokens
+
+        batch_tokens = auto_batch_tokens(model, tokens_BL.shape[1], default=512 * tokens_BL.shape[1])
     was_training = model.training
     model.eval()
     try:

@@ -88,7 +88,7 @@ class Profile:
     protein_model: ProteinMDMConfig = ProteinMDMConfig()
     protein_train: TrainConfig = TrainConfig(steps=1500, batch_size=32, lr=1e-3, warmup=100)
     protein_labels: ProteinLabelConfig = ProteinLabelConfig()
-    protein_head_train: HeadTrainConfig = HeadTrainConfig(epochs=30, batch_size=16, patience=5)
+    protein_head_train: HeadTrainConfig = HeadTrainConfig(epochs=30, batch_size=16)
     protein_head_hidden: int = 224
     protein_head_rank: int = 64
     protein_mi_patterns: int = 8
@@ -116,7 +116,7 @@ PROFILES: dict[str, Profile] = {
         labels=LabelConfig(n_shards=2, sources_per_shard=10, contexts_per_source=3, layers=(-1, 1)),
         head_hidden=32,
         head_rank=16,
-        head_train=HeadTrainConfig(epochs=3, patience=3),
+        head_train=HeadTrainConfig(epochs=3),
         ablation_layers=(1, -1),
         ablation_epochs=2,
         agreement_contexts=3,
@@ -132,7 +132,7 @@ PROFILES: dict[str, Profile] = {
         protein_model=ProteinMDMConfig(d_model=32, n_heads=2, n_layers=2),
         protein_train=TrainConfig(steps=20, batch_size=8, lr=1e-3, warmup=5, ckpt_every=10, log_every=5),
         protein_labels=ProteinLabelConfig(n_shards=2, contexts_per_shard=6, window=24, batch_tokens=24 * 256),
-        protein_head_train=HeadTrainConfig(epochs=2, batch_size=4, patience=2),
+        protein_head_train=HeadTrainConfig(epochs=2, batch_size=4),
         protein_head_hidden=32,
         protein_head_rank=16,
         protein_mi_patterns=2,
@@ -149,9 +149,9 @@ PROFILES: dict[str, Profile] = {
         enum_contexts=16,
         enum_clues=(22, 28),
         labels=LabelConfig(n_shards=10, sources_per_shard=20, contexts_per_source=4, layers=(-1, 1, 3)),
-        head_train=HeadTrainConfig(epochs=30, patience=5),
+        head_train=HeadTrainConfig(epochs=40),
         ablation_layers=(1, 3, -1),
-        ablation_epochs=6,
+        ablation_epochs=20,
         agreement_contexts=12,
         hard_puzzles=200,
         generation_contexts=150,
@@ -178,8 +178,9 @@ PROFILES: dict[str, Profile] = {
         enum_clues=(22, 28),
         max_completions=1_000_000,
         labels=LabelConfig(n_shards=200, sources_per_shard=50, contexts_per_source=4, layers=(-1, 1, 2, 3),
-                           batch_tokens=81 * 8192),
-        head_train=HeadTrainConfig(epochs=40, batch_size=64, patience=6),
+                           batch_tokens="auto"),
+        head_hidden=192,  # ~105K parameters on the 4.16M MDM's D=384 (paper: ~100K)
+        head_train=HeadTrainConfig(epochs=40, batch_size=64),
         ablation_layers=(1, 2, 3, -1),
         ablation_epochs=15,
         agreement_contexts=48,
@@ -197,9 +198,9 @@ PROFILES: dict[str, Profile] = {
         protein_head_rank=112,
         protein_model=ProteinMDMConfig(d_model=256, n_heads=8, n_layers=6),
         protein_train=TrainConfig(steps=20000, batch_size=64, lr=1e-3, warmup=500, ckpt_every=1000),
-        protein_labels=ProteinLabelConfig(n_shards=40, contexts_per_shard=250, window=160, batch_tokens=160 * 2048,
+        protein_labels=ProteinLabelConfig(n_shards=40, contexts_per_shard=250, window=160, batch_tokens="auto",
                                           delta=0.0, layers=(-1,)),
-        protein_head_train=HeadTrainConfig(epochs=5, batch_size=32, patience=5),
+        protein_head_train=HeadTrainConfig(epochs=5, batch_size=32),
         protein_mi_patterns=64,
         protein_mi_delta=0.0,
         protein_infill=200,

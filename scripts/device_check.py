@@ -95,9 +95,13 @@ def _per_call(fn, dev: torch.device, repeats: int, warmup: int = 1) -> float:
     return (time.perf_counter() - t0) / repeats
 
 
-def _autocast(dev: torch.device, bf16: bool):
+def _precision(model, dev: torch.device, bf16: bool):
+    """bf16 through the package (`MaskedModel.set_precision`) on CUDA; on the CPU (smoke runs) a bf16 autocast context."""
     import contextlib
 
+    if dev.type == "cuda":
+        model.set_precision("bf16" if bf16 else "fp32")
+        return contextlib.nullcontext()
     return torch.autocast(dev.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
@@ -277,33 +281,39 @@ def step_esmc_forward(ctx: dict) -> dict:
     for tag, bf16 in (("fp32", False), ("bf16_autocast", True)):
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
-        with torch.no_grad(), _autocast(dev, bf16):
+        with torch.no_grad(), _precision(model, dev, bf16):
             sec = _per_call(lambda: model(x), dev, ctx["S"]["repeats"])
         out[tag] = {"seconds_per_batch": sec, "passes_per_s": B / sec, "tokens_per_s": B * L / sec,
                     "peak_mib": _peak_mib(dev)}
+    model.precision = "fp32"
     out["bf16_speedup"] = out["fp32"]["seconds_per_batch"] / out["bf16_autocast"]["seconds_per_batch"]
     ctx["esmc_forward_s"] = out["fp32"]["seconds_per_batch"] / B
     return out
 
 
 def step_protein_probing(ctx: dict) -> dict:
+    from mimdm.device import auto_batch_tokens
     from mimdm.probing import probe_mi
 
     P, S, dev, model = ctx["P"], ctx["S"], ctx["dev"], ctx["esmc"]
     L = S["protein_probe_length"]
     x = torch.full((1, L), model.mask_id, dtype=torch.long, device=dev)  # fully masked: the chapter-4 MI map
-    bt = max(L, P.protein_labels.batch_tokens // P.protein_labels.window * L)  # the profile's rows per pass
+    bt = P.protein_labels.batch_tokens  # the profile's rows per pass ("auto": from free GPU memory, below)
+    bt = 64 * L if bt == "auto" else max(L, bt // P.protein_labels.window * L)
     out = {"length": L, "masked": L, "batch_tokens": bt, "rows_per_pass": bt // L}
     with torch.no_grad():
         probe_mi(model, x[:, :min(L, 8)], batch_tokens=bt)  # warm-up on a short sequence
     for tag, bf16 in (("fp32", False), ("bf16_autocast", True)):
-        tokens, note = bt, None
+        note = None
+        with _precision(model, dev, bf16):
+            tokens = auto_batch_tokens(model, L, default=bt)  # from free GPU memory on CUDA; the profile's on the CPU
+        out[f"{tag}_auto_batch_tokens"] = tokens
         while True:
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(dev)
             try:
-                with _autocast(dev, bf16):
+                with _precision(model, dev, bf16):
                     res = probe_mi(model, x, batch_tokens=tokens)
                 break
             except torch.cuda.OutOfMemoryError:
@@ -315,17 +325,19 @@ def step_protein_probing(ctx: dict) -> dict:
         nfe = int(res.nfe.sum())
         out[tag] = {"nfe": nfe, "seconds": res.seconds, "nfe_per_s": nfe / res.seconds, "rows_per_pass": tokens // L,
                     "max_mi_nats": float(res.mi.max()), "peak_mib": _peak_mib(dev), **({"note": note} if note else {})}
+    model.precision = "fp32"
     out["bf16_speedup"] = out["fp32"]["seconds"] / out["bf16_autocast"]["seconds"]
     return out
 
 
 def step_protein_head(ctx: dict) -> dict:
-    from mimdm.heads import MIHead, MIHeadConfig, head_inputs
+    from mimdm.experiments.mi_head import protein_head_config_for
+    from mimdm.heads import MIHead, head_inputs
 
     P, S, dev, model = ctx["P"], ctx["S"], ctx["dev"], ctx["esmc"]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        head = MIHead(MIHeadConfig(model.hidden_dim, d_hidden=P.protein_head_hidden, rank=P.protein_head_rank)).to(dev).eval()
+        head = MIHead(protein_head_config_for(P, model)).to(dev).eval()
     L, B = S["esmc_length"], min(S["esmc_batch"], 8)
     x = torch.full((B, L), model.mask_id, dtype=torch.long, device=dev)
     x[:, ::2] = model.value_token_ids[0]  # half masked

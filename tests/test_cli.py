@@ -164,6 +164,15 @@ def test_probe_fit_head_and_mi_decoding(trained, capsys):
     r = res["results"][0]
     assert r["keeps_givens"] and set(r["grid"]) <= set("123456789")
     assert r["head_passes"] == r["nfe"] >= 1 and res["head_passes_total"] == r["nfe"]
+    blanks = PUZZLE.count(".")
+    free = _decode_json(["--rule", "mi", "--knob", "1e9", PUZZLE], capsys)["results"][0]
+    assert free["nfe"] == 1  # no MI limit, no cap: every blank in one step
+    capped = _decode_json(["--rule", "mi", "--knob", "1e9", "--entropy-cap", "0", PUZZLE], capsys)["results"][0]
+    assert capped["keeps_givens"] and 1 < capped["nfe"] <= blanks  # only zero-entropy cells join a step's first
+    code, _, err = run(["decode", "--profile", "smoke", "--rule", "eb", "--entropy-cap", "0.5", PUZZLE], capsys)
+    assert code == 2 and "--entropy-cap belongs to --rule mi" in err
+    code, _, err = run(["decode", "--profile", "smoke", "--rule", "mi", "--entropy-cap", "-1", PUZZLE], capsys)
+    assert code == 2 and "--entropy-cap must be >= 0" in err
 
 
 # ------------------------------------------------------------------------------------------ device check

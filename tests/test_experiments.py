@@ -87,3 +87,47 @@ def test_speedup_scoring_and_tables():
     assert np.isnan(m["EB-sampler"]["nfe"])
     q = sp.quality_at_budget(rows, "solve_rate", [13, 30])
     assert q[0]["top-k"] == 0.7 and np.isnan(q[0]["EB-sampler"]) and q[1]["top-k"] == 0.895
+
+
+def test_pareto_front_oracle_gap_and_capped_rules():
+    import math
+
+    from mimdm.decoding import MIGuided
+    from mimdm.experiments import speedup as sp
+
+    rows = [{"rule": "MI-guided", "knob": e, "entropy_cap": c, "nfe": n, "solve_rate": q}
+            for e, c, n, q in [(0.01, 0.3, 20, 0.5), (0.03, 0.3, 18, 0.5), (0.01, 0.5, 15, 0.3), (0.1, 0.5, 16, 0.2),
+                               (0.01, None, 8, 0.0), (0.1, 1.0, 9, float("nan"))]]
+    front = sp.pareto_front(rows, "solve_rate")
+    assert [(r["knob"], r["entropy_cap"]) for r in front] == [(0.01, None), (0.01, 0.5), (0.03, 0.3)]
+    nll = [{"nfe": n, "nll": v} for n, v in [(10, 90.0), (12, 95.0), (15, 70.0), (20, 71.0), (30, 60.0)]]
+    assert [r["nfe"] for r in sp.pareto_front(nll, "nll", higher_is_better=False)] == [10, 15, 30]
+    orc = [{**r, "rule": "MI-oracle", "solve_rate": r["solve_rate"] + 0.1, "nfe": r["nfe"] - 1} for r in rows[:3]]
+    gap = sp.oracle_gap(rows + orc, "solve_rate")
+    assert [(g["eps"], g["entropy_cap"]) for g in gap] == [(0.01, 0.3), (0.03, 0.3), (0.01, 0.5)]
+    assert all(g["solve_rate_gap"] == pytest.approx(0.1) and g["nfe_gap"] == 1 for g in gap)
+    grid = sp.rule_grid(head=object(), knobs={"MI-guided": [(0.01, 0.3), (0.1, math.inf)], "entropy cap": [0.5]})
+    mi = [(n, k, r.entropy_cap) for n, k, r in grid if isinstance(r, MIGuided)]
+    assert mi == [("entropy cap", 0.5, 0.5), ("MI-guided", 0.01, 0.3), ("MI-guided", 0.1, math.inf)]
+    assert sp._cap(grid[-2][2]) == 0.3 and sp._cap(grid[-1][2]) is None
+    assert [n for n, _, _ in sp.rule_grid(knobs={"entropy cap": [0.5]})][-1] == "entropy cap"  # no head needed
+    with pytest.raises(ValueError, match=r"\(eps, entropy cap\) pairs"):
+        sp.rule_grid(head=object(), knobs={"MI-guided": [0.01]})
+
+
+def test_entropy_cap_control_costs_no_head_pass_and_equals_the_capped_rule_without_mi():
+    import math
+
+    from mimdm.decoding import MIGuided, decode, head_mi_fn, zero_mi_fn
+    from mimdm.heads import MIHead, MIHeadConfig
+    from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
+
+    torch.manual_seed(0)
+    model = SudokuMDM(SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)).eval()
+    head = MIHead(MIHeadConfig(32, d_hidden=16, rank=8)).eval()
+    x = torch.full((3, 81), model.mask_id)
+    x[:, :20] = torch.randint(0, 9, (3, 20))
+    ctrl = decode(model, x, MIGuided(zero_mi_fn(), eps=0.0, entropy_cap=1.5))
+    same = decode(model, x, MIGuided(head_mi_fn(head), eps=math.inf, entropy_cap=1.5))
+    assert torch.equal(ctrl.tokens, same.tokens) and torch.equal(ctrl.nfe, same.nfe)
+    assert ctrl.extra_passes.get("head_passes", 0) == 0 and same.extra_passes["head_passes"] > 0

@@ -13,7 +13,17 @@ TINY = SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)
 
 
 def test_parameter_count_near_paper():
-    assert 95_000 < MIHead(MIHeadConfig(384)).n_parameters() < 115_000
+    from mimdm.experiments.mi_head import head_config_for, protein_head_config_for
+    from mimdm.profiles import get_profile
+
+    paper = get_profile("paper")
+
+    class Model:  # only the hidden size matters
+        hidden_dim = 384
+
+    assert 95_000 < MIHead(head_config_for(paper, Model)).n_parameters() < 115_000  # paper: ~100K on D=384
+    Model.hidden_dim = 960
+    assert 780_000 < MIHead(protein_head_config_for(paper, Model)).n_parameters() < 840_000  # paper: ~810K, ESM-C 300M
 
 
 def test_head_output_properties():
@@ -29,11 +39,22 @@ def test_head_output_properties():
     assert (torch.diagonal(mi, dim1=1, dim2=2) == 0).all()
     pair = masked[:, :, None] & masked[:, None, :]
     assert (mi[~pair] == 0).all()
-    assert (mi <= torch.minimum(ent[:, :, None], ent[:, None, :]) + 1e-7).all()  # entropy bound
+    assert (mi <= (ent[:, :, None] + ent[:, None, :]) / 2 + 1e-7).all()  # default bound: mean entropy
+    strict = MIHead(MIHeadConfig(16, d_hidden=8, rank=4, bound="min"))
+    assert (strict(h, masked, ent) <= torch.minimum(ent[:, :, None], ent[:, None, :]) + 1e-7).all()
     with pytest.raises(ValueError, match="pass entropy_BL"):
         head(h, masked)
     with pytest.raises(ValueError, match="does not match the head's d_in"):
         head(torch.randn(3, 10, 8), masked, ent)
+    with pytest.raises(ValueError, match="exceeds the head's max_len=81"):
+        head(torch.randn(1, 82, 16), torch.ones(1, 82, dtype=torch.bool), torch.ones(1, 82))
+    rel = MIHead(MIHeadConfig(16, d_hidden=8, rank=4, positions="relative", max_len=8))
+    out = rel(torch.randn(1, 200, 16), torch.ones(1, 200, dtype=torch.bool), torch.ones(1, 200))  # any length
+    assert out.shape == (1, 200, 200) and torch.allclose(out, out.mT)
+    with pytest.raises(ValueError, match="bound must be one of"):
+        MIHead(MIHeadConfig(16, bound="max2"))
+    # a sequence with no masked pair: all zeros, no error
+    assert (head(h, torch.zeros(3, 10, dtype=torch.bool), ent * 0) == 0).all()
 
 
 def test_loss_kinds():
@@ -69,6 +90,54 @@ def test_head_overfits_a_tiny_label_set():
     pair = (data["tokens"] == 9)[:, :, None] & (data["tokens"] == 9)[:, None, :] & ~torch.eye(12, dtype=torch.bool)
     r = np.corrcoef(pred[pair].detach().numpy(), data["mi"][pair].numpy())[0, 1]
     assert r > 0.95
+
+
+def _position_labels(n=64, L=12, D=16, seed=0):
+    """MI set by the positions alone (0.3 nats within blocks of 3, else 0), hidden states pure noise."""
+    g = torch.Generator().manual_seed(seed)
+    masked = torch.rand(n, L, generator=g) < 0.8
+    block = torch.arange(L) // 3
+    same = (block[:, None] == block[None, :]) & ~torch.eye(L, dtype=torch.bool)
+    mi = 0.3 * (same & masked[:, :, None] & masked[:, None, :])
+    return {"tokens": torch.where(masked, 9, 0), "hidden_-1": torch.randn(n, L, D, generator=g),
+            "entropy": torch.full((n, L), 1.0) * masked, "mi": mi.float()}
+
+
+def test_position_pairs_learn_a_constraint_graph_the_hidden_states_do_not_carry():
+    data = _position_labels()
+    cfg = HeadTrainConfig(epochs=60, batch_size=16, lr=5e-3)
+    masked = data["tokens"] == 9
+    pair = masked[:, :, None] & masked[:, None, :] & ~torch.eye(12, dtype=torch.bool)
+    r = {}
+    for pos_dim in (0, 8):
+        head, _ = train_head(data, data, MIHeadConfig(16, d_hidden=16, rank=8, max_len=12, pos_dim=pos_dim,
+                                                      tri_channels=0), cfg, mask_id=9, progress=False)
+        pred = head(data["hidden_-1"], masked, data["entropy"]).detach()
+        r[pos_dim] = np.corrcoef(pred[pair].numpy(), data["mi"][pair].numpy())[0, 1]
+    assert r[8] > 0.99  # the position table recovers the blocks
+    assert r[0] < 0.5  # from noise alone it cannot
+
+
+def test_schedules_and_old_checkpoints(tmp_path):
+    from mimdm.artifacts import atomic_save
+    from mimdm.heads import make_optimizer
+
+    head = MIHead(MIHeadConfig(16, d_hidden=8, rank=4))
+    opt, sched = make_optimizer(head, HeadTrainConfig(epochs=2, lr=1e-2), steps_per_epoch=5)
+    assert opt.param_groups[0]["lr"] < 1e-2  # one-cycle starts low
+    lrs = []
+    for _ in range(10):
+        opt.step()
+        sched.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    assert max(lrs) == pytest.approx(1e-2, rel=1e-6) and lrs[-1] < 0.05 * 1e-2  # peaks at lr, anneals
+    assert make_optimizer(head, HeadTrainConfig(schedule="constant"), 5)[1] is None
+    with pytest.raises(ValueError, match="unknown schedule"):
+        make_optimizer(head, HeadTrainConfig(schedule="cosine"), 5)
+    atomic_save({"kind": "mi_head", "state_dict": {}, "head_config": json.dumps({"d_in": 16, "entropy_bound": True}),
+                 "train_config": "{}", "log": "[]", "extra": "{}"}, tmp_path / "old.pt")
+    with pytest.raises(ValueError, match="older MI head"):
+        load_head(tmp_path / "old.pt")
 
 
 def test_split_is_by_source():
@@ -119,3 +188,45 @@ def test_head_checkpoint_roundtrip_and_one_pass_prediction(tmp_path):
     assert rec["log"] == [{"epoch": 1}]
     with pytest.raises(FileNotFoundError):
         load_head(tmp_path / "missing.pt")
+
+
+def _dense_reference(head: MIHead, h, masked, ent):
+    """The head's prediction written densely over all (i, j), one sequence at a time (positions absolute)."""
+    import math
+
+    import torch.nn.functional as F
+
+    c = head.config
+    out = []
+    for b in range(h.shape[0]):
+        L = h.shape[1]
+        a = head.feat(head.norm(h[b]))
+        z = torch.cat([a[:, None] * a[None], (head.pos[:L, None] * head.pos[None, :L])], -1)
+        x = head.pair_in(z)  # [L, L, q]
+        pair = masked[b][:, None] & masked[b][None] & ~torch.eye(L, dtype=torch.bool)
+        for r in head.tri:
+            m = r["msg"](x) * pair[..., None]  # messages only on masked pairs, symmetric
+            t = torch.einsum("ikc,kjc->ijc", m, m) / math.sqrt(L)
+            x = x + F.gelu(r["upd"](torch.cat([x, t], -1)))
+        s = head.out(x).squeeze(-1)
+        e = ent[b]
+        mi = (e[:, None] + e[None]) / 2 * torch.sigmoid(s)
+        out.append(mi * pair)
+    return torch.stack(out)
+
+
+def test_sparse_pairs_equal_a_dense_reference_and_every_parameter_learns():
+    torch.manual_seed(1)
+    head = MIHead(MIHeadConfig(16, d_hidden=8, rank=4, max_len=12, pos_dim=4, tri_channels=3, tri_rounds=2))
+    h = torch.randn(3, 12, 16)
+    masked = torch.rand(3, 12) < 0.7
+    ent = torch.rand(3, 12) * masked
+    with torch.no_grad():
+        got = head(h, masked, ent)
+        one = torch.cat([head(h[b:b + 1], masked[b:b + 1], ent[b:b + 1]) for b in range(3)])
+        assert torch.allclose(got, _dense_reference(head, h, masked, ent), atol=1e-5)
+        assert torch.allclose(got, one, atol=1e-6)  # no leakage between sequences of a batch
+    for m in (masked, torch.zeros_like(masked)):  # with and without a masked pair (DDP needs every gradient)
+        head.zero_grad()
+        head(h, m, ent).sum().backward()
+        assert all(p.grad is not None for p in head.parameters())

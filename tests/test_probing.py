@@ -70,6 +70,11 @@ def test_batching_does_not_change_results(potts):
     b = probe_mi(potts, x, batch_tokens=10_000)
     c = torch.stack([probe_mi(potts, x[i]).mi[0] for i in range(len(x))])
     assert torch.allclose(a.mi, b.mi, atol=1e-12) and torch.allclose(b.mi, c, atol=1e-12)
+    d = probe_mi(potts, x, batch_tokens="auto")  # CPU: 512 rows per pass
+    assert torch.allclose(d.mi, b.mi, atol=1e-12)
+    for bad in (0, "big"):
+        with pytest.raises(ValueError, match="batch_tokens must be >= 1 or 'auto'"):
+            probe_mi(potts, x, batch_tokens=bad)
 
 
 def test_pruning_keeps_the_smallest_top_set_and_matches_hand_computation():

@@ -216,32 +216,56 @@ def agreement_with_data(model: MaskedModel, head: MIHead, n_contexts: int, clues
 
 
 def head_config_for(profile, model: MaskedModel) -> MIHeadConfig:
-    """The profile's MI head architecture for ``model``'s hidden size."""
-    return MIHeadConfig(model.hidden_dim, d_hidden=profile.head_hidden, rank=profile.head_rank)
+    """The profile's Sudoku MI head architecture for ``model``'s hidden size (absolute positions, 81 cells)."""
+    return MIHeadConfig(model.hidden_dim, d_hidden=profile.head_hidden, rank=profile.head_rank, max_len=81)
 
 
-def ablation_configs(profile) -> dict[str, HeadTrainConfig]:
-    """Training configs of the ablation heads: one per layer (default loss) and one per loss (default layer)."""
+def protein_head_config_for(profile, model: MaskedModel) -> MIHeadConfig:
+    """The profile's protein MI head architecture for ``model``'s hidden size.
+
+    Position pairs are *relative* (an embedding of the sequence separation, clipped at 128): the
+    head is trained on crops of family members of different lengths, where absolute positions do
+    not line up, and it must accept any length at inference.
+    """
+    return MIHeadConfig(model.hidden_dim, d_hidden=profile.protein_head_hidden, rank=profile.protein_head_rank,
+                        positions="relative", max_len=128)
+
+
+def ablation_configs(profile) -> dict[str, tuple[dict, HeadTrainConfig]]:
+    """The ablation heads: ``{name: (head-config overrides, training config)}``.
+
+    All train for ``profile.ablation_epochs``: one per input layer (default loss), one per loss
+    (default layer), and one per architecture component removed (`mimdm.heads` docstring):
+    position pairs, the two-hop update, the mean-entropy bound (replaced by the strict min), and
+    all three (hidden-state features a_i ⊙ a_j only).
+    """
     from dataclasses import replace
 
     base = replace(profile.head_train, epochs=profile.ablation_epochs)
-    out = {f"layer {layer}": replace(base, layer=layer) for layer in profile.ablation_layers}
+    out = {f"layer {layer}": ({}, replace(base, layer=layer)) for layer in profile.ablation_layers}
     for loss in ("mse", "log1p", "log1p_weighted"):
-        out[f"loss {loss}"] = replace(base, loss=loss)
+        out[f"loss {loss}"] = ({}, replace(base, loss=loss))
+    out["no position pairs"] = ({"pos_dim": 0}, base)
+    out["no two-hop update"] = ({"tri_channels": 0}, base)
+    out["min-entropy bound"] = ({"bound": "min"}, base)
+    out["hidden-state pairs only"] = ({"pos_dim": 0, "tri_channels": 0, "bound": "min"}, base)
     return out
 
 
 def prepare(profile, model: MaskedModel, model_path: str | Path, progress: bool = True, ablations: bool = True) -> dict:
     """Labels, the main head and (optionally) the ablation heads of a profile, from the cache or built now.
 
-    Returns ``{"labels": Path, "head": MIHead, "head_record": dict, "ablations": {name: (MIHead, record, cfg)}}``.
+    Returns ``{"labels": Path, "head": MIHead, "head_record": dict, "ablations": {name: (MIHead, record, cfg)}}``
+    (``cfg`` the ablation's `HeadTrainConfig`; its head config is ``record["head_config"]``).
     """
+    from dataclasses import replace
+
     labels = load_or_build_labels(model, model_path, profile.labels, progress)
     hcfg = head_config_for(profile, model)
     head, rec = load_or_train_head(labels, hcfg, profile.head_train, model.mask_id, progress, model.device)
     out = {"labels": labels, "head": head, "head_record": rec, "ablations": {}}
     if ablations:
-        for name, cfg in ablation_configs(profile).items():
-            h, r = load_or_train_head(labels, hcfg, cfg, model.mask_id, progress, model.device)
+        for name, (over, cfg) in ablation_configs(profile).items():
+            h, r = load_or_train_head(labels, replace(hcfg, **over), cfg, model.mask_id, progress, model.device)
             out["ablations"][name] = (h, r, cfg)
     return out

@@ -202,7 +202,7 @@ class ProteinLabelConfig:
     min_mask_rate: float = 0.05
     layers: tuple[int, ...] = (-1,)
     delta: float = 0.02
-    batch_tokens: int = 128 * 256
+    batch_tokens: int | str = 128 * 256  # per forward pass; "auto": from free GPU memory
     seed: int = 0
 
     def to_dict(self) -> dict:
@@ -338,14 +338,18 @@ def protein_sweep(model: ESMCMDM, tokens: list[torch.Tensor], rules, score, temp
                   progress: bool = False) -> list[dict]:
     """Decode every token row with every rule (`decode_grouped`); ``score(decoded rows) -> dict`` of quality numbers.
 
-    Returns rows ``{"rule", "knob", "nfe" (mean passes per sequence), "head_passes", "seconds" (per sequence), **quality}``.
+    Returns rows ``{"rule", "knob", "entropy_cap", "nfe" (mean passes per sequence), "head_passes", "seconds" (per
+    sequence), **quality}``.
     """
+    from .speedup import _cap
+
     rows = []
     n = len(tokens)
     decode_grouped(model, tokens[:1], rules[0][2], temperature, seed)  # warm-up, untimed
     for name, knob, rule in tqdm(rules, desc="protein decode sweep", disable=not progress):
         out, nfe, extra, secs = decode_grouped(model, tokens, rule, temperature, seed)
-        rows.append({"rule": name, "knob": knob, "nfe": float(nfe.mean()), "head_passes": extra.get("head_passes", 0) / n,
+        rows.append({"rule": name, "knob": knob, "entropy_cap": _cap(rule), "nfe": float(nfe.mean()),
+                     "head_passes": extra.get("head_passes", 0) / n,
                      "seconds": secs / n, **score(out)})
     return rows
 
@@ -363,9 +367,8 @@ def prepare(profile, spec, model_name: str | None = None, device="cpu", progress
     """
     import warnings
 
-    from ..heads import MIHeadConfig
     from ..models.protein_zoo import load_family, load_protein_model
-    from .mi_head import load_or_train_head
+    from .mi_head import load_or_train_head, protein_head_config_for
 
     name = model_name or profile.protein_backbone
     with warnings.catch_warnings(record=True) as caught:
@@ -374,7 +377,7 @@ def prepare(profile, spec, model_name: str | None = None, device="cpu", progress
     model, rec = load_protein_model(name, profile.protein_model, profile.protein_train, fam, device=device, progress=progress)
     key = Path(rec["path"]).parent.name if name == "offline" else Path(str(name)).name
     labels = load_or_build_protein_labels(model, key, fam, profile.protein_labels, progress=progress)
-    hcfg = MIHeadConfig(model.hidden_dim, d_hidden=profile.protein_head_hidden, rank=profile.protein_head_rank)
+    hcfg = protein_head_config_for(profile, model)
     head, hrec = load_or_train_head(labels, hcfg, profile.protein_head_train, model.mask_id, progress=progress, device=device)
     return {"family": fam, "model": model, "record": rec, "labels": labels, "head": head, "head_record": hrec,
             "head_config": hcfg, "model_name": name, "notes": [str(w.message) for w in caught]}

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..data import sudoku as sd
-from ..decoding import EBSampler, MIGuided, Sequential, Threshold, TopK, decode, head_mi_fn, oracle_mi_fn
+from ..decoding import EBSampler, MIGuided, Sequential, Threshold, TopK, decode, head_mi_fn, oracle_mi_fn, zero_mi_fn
 from ..models.base import MaskedModel
 from ..models.zoo import grids_to_tokens, tokens_to_grids
 
@@ -55,28 +55,53 @@ def score_generation(out_tokens: torch.Tensor, contexts: np.ndarray) -> dict:
             "mean_hamming": float(ham[iu].mean()) if len(iu[0]) else float("nan")}
 
 
+MI_SETTINGS = [(e, c) for c in (0.3, 0.5, 1.0) for e in (0.003, 0.01, 0.03, 0.1)] + [(1e-3, math.inf), (1e-2, math.inf)]
+"""Default (ε nats, entropy cap nats) grid of the MI-guided sweep."""
+
+
 def rule_grid(head=None, layer: int = -1, oracle: bool = False, knobs: dict | None = None) -> list[tuple[str, float, object]]:
-    """``(rule name, knob value, rule)`` for every rule and knob value of the sweep."""
+    """``(rule name, knob value, rule)`` for every rule and knob value of the sweep.
+
+    ``knobs`` overrides the default values per rule name: lists of k, τ, γ; for ``"MI-guided"`` and
+    ``"MI-oracle"`` lists of ``(ε, entropy cap)`` pairs (the knob reported is ε; the cap is read
+    from the rule, see `sweep`); for ``"entropy cap"`` (the MI-guided rule with zero MI at no cost,
+    `mimdm.decoding.zero_mi_fn`: the cap alone, a control for what the MI adds) a list of caps, the knob.
+
+    Raises:
+        ValueError: an MI-guided/oracle knob value that is not an ``(ε, cap)`` pair.
+    """
     k = {"top-k": [2, 3, 4, 6, 8], "threshold": [0.99, 0.95, 0.9, 0.8, 0.7, 0.5],
-         "EB-sampler": [0.01, 0.05, 0.1, 0.3, 1.0, 3.0], "MI-guided": [1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1],
-         **(knobs or {})}
+         "EB-sampler": [0.01, 0.05, 0.1, 0.3, 1.0, 3.0], "MI-guided": MI_SETTINGS, "entropy cap": [0.3, 0.5, 1.0],
+         "MI-oracle": [(1e-2, 0.3), (1e-2, 0.5), (1e-2, math.inf)], **(knobs or {})}
     out = [("sequential", math.nan, Sequential("confidence"))]
     out += [("top-k", v, TopK(int(v))) for v in k["top-k"]]
     out += [("threshold", v, Threshold(v)) for v in k["threshold"]]
     out += [("EB-sampler", v, EBSampler(v)) for v in k["EB-sampler"]]
+    for name in ("MI-guided", "MI-oracle"):
+        bad = [v for v in k[name] if not (isinstance(v, (tuple, list)) and len(v) == 2)]
+        if bad:
+            raise ValueError(f"{name} knobs must be (eps, entropy cap) pairs (use math.inf for no cap), got {bad}")
+    out += [("entropy cap", c, MIGuided(zero_mi_fn(), eps=0.0, entropy_cap=c)) for c in k["entropy cap"]]
     if head is not None:
-        out += [("MI-guided", v, MIGuided(head_mi_fn(head, layer), eps=v)) for v in k["MI-guided"]]
+        f = head_mi_fn(head, layer)
+        out += [("MI-guided", e, MIGuided(f, eps=e, entropy_cap=c)) for e, c in k["MI-guided"]]
     if oracle:
-        out += [("MI-oracle", v, MIGuided(oracle_mi_fn(delta=0.01), eps=v)) for v in k.get("MI-oracle", [1e-3, 1e-2, 3e-2])]
+        out += [("MI-oracle", e, MIGuided(oracle_mi_fn(delta=0.01), eps=e, entropy_cap=c)) for e, c in k["MI-oracle"]]
     return out
+
+
+def _cap(rule) -> float | None:
+    c = getattr(rule, "entropy_cap", None)
+    return None if c is None or math.isinf(c) else float(c)
 
 
 def sweep(model: MaskedModel, tokens: torch.Tensor, rules, score, temperature: float = 0.0, seed: int = 0,
           progress: bool = False) -> list[dict]:
     """Decode ``tokens`` with every rule; ``score(out_tokens) -> dict`` of quality numbers.
 
-    Returns rows ``{"rule", "knob", "nfe", "head_passes", "probe_passes", "seconds", **quality}``
-    (NFE and extra passes per sequence, seconds per sequence).
+    Returns rows ``{"rule", "knob", "entropy_cap", "nfe", "head_passes", "probe_passes", "seconds", **quality}``
+    (NFE and extra passes per sequence, seconds per sequence; ``entropy_cap`` in nats for MI-guided
+    rules, None when uncapped or not applicable).
     """
     from tqdm.auto import tqdm
 
@@ -85,7 +110,7 @@ def sweep(model: MaskedModel, tokens: torch.Tensor, rules, score, temperature: f
     decode(model, tokens[:2], rules[0][2], temperature=temperature, seed=seed)  # warm-up, untimed
     for name, knob, rule in tqdm(rules, desc="decode sweep", disable=not progress):
         out = decode(model, tokens, rule, temperature=temperature, seed=seed)
-        rows.append({"rule": name, "knob": knob, "nfe": float(out.nfe.float().mean()),
+        rows.append({"rule": name, "knob": knob, "entropy_cap": _cap(rule), "nfe": float(out.nfe.float().mean()),
                      "head_passes": out.extra_passes.get("head_passes", 0) / n,
                      "probe_passes": out.extra_passes.get("probe_passes", 0) / n,
                      "seconds": out.seconds / n, **score(out.tokens)})
@@ -95,7 +120,7 @@ def sweep(model: MaskedModel, tokens: torch.Tensor, rules, score, temperature: f
 def matched_quality(rows: list[dict], metric: str, tolerance: float = 0.01) -> list[dict]:
     """Per rule, the lowest-NFE setting whose ``metric`` is within ``tolerance`` of sequential decoding.
 
-    Returns rows ``{"rule", "knob", metric, "nfe", "nfe_reduction", "wallclock_reduction"}``
+    Returns rows ``{"rule", "knob", "entropy_cap", metric, "nfe", "nfe_reduction", "wallclock_reduction"}``
     (reductions are sequential / rule); rules that never reach the quality are listed with NaN.
     """
     seq = next(r for r in rows if r["rule"] == "sequential")
@@ -105,11 +130,11 @@ def matched_quality(rows: list[dict], metric: str, tolerance: float = 0.01) -> l
             continue
         ok = [r for r in rows if r["rule"] == name and r[metric] >= seq[metric] - tolerance - 1e-9]
         if not ok:
-            out.append({"rule": name, "knob": math.nan, metric: math.nan, "nfe": math.nan,
+            out.append({"rule": name, "knob": math.nan, "entropy_cap": None, metric: math.nan, "nfe": math.nan,
                         "nfe_reduction": math.nan, "wallclock_reduction": math.nan})
             continue
         best = min(ok, key=lambda r: r["nfe"])
-        out.append({"rule": name, "knob": best["knob"], metric: best[metric], "nfe": best["nfe"],
+        out.append({"rule": name, "knob": best["knob"], "entropy_cap": best.get("entropy_cap"), metric: best[metric], "nfe": best["nfe"],
                     "nfe_reduction": seq["nfe"] / best["nfe"], "wallclock_reduction": seq["seconds"] / best["seconds"]})
     return out
 
@@ -133,13 +158,32 @@ def quality_at_budget(rows: list[dict], metric: str, budgets) -> list[dict]:
 
 
 def oracle_gap(rows: list[dict], metric: str) -> list[dict]:
-    """Head against probed-MI oracle at the same eps (same contexts): quality and NFE of each, and the differences."""
-    head = {r["knob"]: r for r in rows if r["rule"] == "MI-guided"}
-    orc = {r["knob"]: r for r in rows if r["rule"] == "MI-oracle"}
-    return [{"eps": e, f"head_{metric}": head[e][metric], f"oracle_{metric}": orc[e][metric],
-             "head_nfe": head[e]["nfe"], "oracle_nfe": orc[e]["nfe"],
-             f"{metric}_gap": orc[e][metric] - head[e][metric], "nfe_gap": head[e]["nfe"] - orc[e]["nfe"]}
-            for e in sorted(set(head) & set(orc))]
+    """Head against probed-MI oracle at the same (ε, entropy cap) on the same contexts: quality and NFE of each, and the differences."""
+    key = lambda r: (r["knob"], r.get("entropy_cap"))  # noqa: E731
+    head = {key(r): r for r in rows if r["rule"] == "MI-guided"}
+    orc = {key(r): r for r in rows if r["rule"] == "MI-oracle"}
+    both = sorted(set(head) & set(orc), key=lambda t: (t[1] is None, t[1] or 0, t[0]))
+    return [{"eps": e, "entropy_cap": c, f"head_{metric}": head[e, c][metric], f"oracle_{metric}": orc[e, c][metric],
+             "head_nfe": head[e, c]["nfe"], "oracle_nfe": orc[e, c]["nfe"],
+             f"{metric}_gap": orc[e, c][metric] - head[e, c][metric], "nfe_gap": head[e, c]["nfe"] - orc[e, c]["nfe"]}
+            for e, c in both]
+
+
+def pareto_front(rows: list[dict], metric: str, higher_is_better: bool = True) -> list[dict]:
+    """The settings of ``rows`` (one rule's sweep) that no other setting beats: fewer-or-equal NFE and a better ``metric``.
+
+    ``higher_is_better=False`` for metrics such as NLL. Settings whose metric is NaN are left out.
+
+    Returns:
+        the settings sorted by NFE, each strictly better in ``metric`` than the one before.
+    """
+    sign = 1.0 if higher_is_better else -1.0
+    out, best = [], -math.inf
+    for r in sorted(rows, key=lambda r: (r["nfe"], -sign * r[metric])):
+        if sign * r[metric] > best:
+            out.append(r)
+            best = sign * r[metric]
+    return out
 
 
 def compare_at_budget(budget_rows: list[dict], a: str = "MI-guided", b: str = "EB-sampler") -> dict:

@@ -47,6 +47,7 @@ class MaskedModel(nn.Module):
     hidden_dim: int
     value_token_ids: Tensor
     n_tokens: int  # size of the token space (ids 0..n_tokens-1 are accepted as input)
+    precision: str = "fp32"  # "fp32" or "bf16" (autocast on CUDA); see `set_precision`
 
     @property
     def n_values(self) -> int:
@@ -93,6 +94,31 @@ class MaskedModel(nn.Module):
                 f"[{int(tokens_BL.min())}, {int(tokens_BL.max())}]"
             )
 
+    def set_precision(self, precision: str) -> "MaskedModel":
+        """Compute forward passes in ``"fp32"`` or under ``"bf16"`` autocast (CUDA only).
+
+        Under bf16 the matrix products run in bfloat16 and the returned logits and hidden states
+        are cast back to float32, so everything computed from them downstream (softmax
+        probabilities, entropies, probed MI, NLL) is computed in float32 or float64.
+        `mimdm.models.training.train_mdm` always trains in fp32 and restores the precision after.
+
+        Returns:
+            the model (for chaining).
+
+        Raises:
+            ValueError: unknown precision.
+            RuntimeError: ``"bf16"`` on a model that is not on a CUDA device with bf16 support.
+        """
+        if precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
+        if precision == "bf16":
+            if self.device.type != "cuda":
+                raise RuntimeError(f"bf16 autocast needs a CUDA device; this model is on {self.device}. Use 'fp32'")
+            if not torch.cuda.is_bf16_supported():
+                raise RuntimeError(f"the GPU {torch.cuda.get_device_name(self.device)} does not support bf16; use 'fp32'")
+        self.precision = precision
+        return self
+
     def forward(self, tokens_BL: Tensor, layer: int = -1) -> MDMOutput:
         """Run the MDM.
 
@@ -105,6 +131,10 @@ class MaskedModel(nn.Module):
             `MDMOutput` with ``logits [B, L, V]`` and ``hidden [B, L, D]``.
         """
         self.check_tokens(tokens_BL)
+        if self.precision == "bf16":
+            with torch.autocast(self.device.type, dtype=torch.bfloat16):
+                out = self._forward(tokens_BL.long(), layer)
+            return MDMOutput(out.logits.float(), out.hidden.float())
         return self._forward(tokens_BL.long(), layer)
 
     def _forward(self, tokens_BL: Tensor, layer: int) -> MDMOutput:  # pragma: no cover

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ..artifacts import artifact_dir, atomic_save, load_checkpoint
 from ..data import protein as pr
-from ..device import resolve_device
+from ..device import apply_precision, resolve_device
 from .esmc import ESMCMDM
 from .training import OBJECTIVE_VERSION, TrainConfig, mdm_loss, train_mdm
 
@@ -292,14 +292,18 @@ def load_or_train_protein_mdm(model_cfg: ProteinMDMConfig, train_cfg: TrainConfi
 
 
 def load_protein_model(model: str, model_cfg: ProteinMDMConfig, train_cfg: TrainConfig, family: FamilyData,
-                       device="cpu", progress: bool = True) -> tuple[ESMCMDM, dict]:
+                       device="cpu", progress: bool = True, precision: str = "auto") -> tuple[ESMCMDM, dict]:
     """The chapter's ``model`` parameter: ``"offline"`` (trained here), ``"esmc_300m"`` or a local weights path.
+
+    The model computes forward passes in ``precision`` (`mimdm.device.apply_precision`; ``"auto"``:
+    bf16 autocast on a CUDA device that supports it, else fp32); training runs in fp32.
 
     Raises:
         FileNotFoundError: ESM-C weights not found (the message says where it looked and how to provide them).
     """
     if model == "offline":
-        return load_or_train_protein_mdm(model_cfg, train_cfg, family, device, progress)
-    m = ESMCMDM.load(model, device=device)
+        m, rec = load_or_train_protein_mdm(model_cfg, train_cfg, family, device, progress)
+        return apply_precision(m, precision), rec
+    m = apply_precision(ESMCMDM.load(model, device=device), precision)
     return m, {"path": str(model), "n_parameters": sum(p.numel() for p in m.parameters()), "eval": {
         "val_ce": masked_ce(m, family.part("val")), "uniform_ce": float(np.log(20))}}

@@ -171,6 +171,7 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
             "device_type": device.type,
         }, state_path)
 
+    precision, model.precision = getattr(model, "precision", "fp32"), "fp32"  # training always runs in fp32
     model.train()
     t0, seen = time.perf_counter(), 0
     start_elapsed = elapsed
@@ -202,4 +203,5 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
             break
     bar.close()
     model.eval()
+    model.precision = precision
     return log

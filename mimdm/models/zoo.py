@@ -10,7 +10,7 @@ import torch
 
 from ..artifacts import artifact_dir, atomic_save, load_checkpoint
 from ..data import sudoku as sd
-from ..device import resolve_device
+from ..device import apply_precision, resolve_device
 from .sudoku import SudokuMDM, SudokuMDMConfig
 from .training import OBJECTIVE_VERSION, TrainConfig, train_mdm
 
@@ -100,8 +100,12 @@ def load_sudoku_mdm(path: Path, device="cpu") -> tuple[SudokuMDM, dict]:
 
 def load_or_train_sudoku_mdm(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig, device="cpu",
                              n_eval: int = 200, progress: bool = True, root: Path | None = None,
-                             train: bool = True) -> tuple[SudokuMDM, dict]:
+                             train: bool = True, precision: str = "auto") -> tuple[SudokuMDM, dict]:
     """The Sudoku MDM of these configurations: loaded from the artifact cache, else trained.
+
+    The returned model computes forward passes in ``precision`` (`mimdm.device.apply_precision`:
+    ``"auto"`` is bf16 autocast on a CUDA device that supports it, fp32 otherwise); training and
+    its evaluation run in fp32.
 
     Training is resumable (an interrupted run continues from ``train_state.pt``); at the end the
     solve rate on ``n_eval`` 30-35-clue unique puzzles is measured and ``model.pt`` is written
@@ -114,7 +118,8 @@ def load_or_train_sudoku_mdm(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig,
     d = sudoku_mdm_dir(model_cfg, train_cfg, root)
     final = d / "model.pt"
     if final.exists():
-        return load_sudoku_mdm(final, dev)
+        model, rec = load_sudoku_mdm(final, dev)
+        return apply_precision(model, precision), rec
     if not train:
         raise FileNotFoundError(f"no trained Sudoku MDM at {final}; run `mimdm train` or pass train=True")
     torch.manual_seed(train_cfg.seed)
@@ -129,4 +134,5 @@ def load_or_train_sudoku_mdm(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig,
                                   "objective": OBJECTIVE_VERSION}),
     }, final)
     (d / "train_state.pt").unlink(missing_ok=True)
-    return load_sudoku_mdm(final, dev)
+    model, rec = load_sudoku_mdm(final, dev)
+    return apply_precision(model, precision), rec
