@@ -109,7 +109,7 @@ def test_pareto_front_oracle_gap_and_capped_rules():
     grid = sp.rule_grid(head=object(), knobs={"MI-guided": [(0.01, 0.3), (0.1, math.inf)], "entropy cap": [0.5]})
     mi = [(n, k, r.entropy_cap) for n, k, r in grid if isinstance(r, MIGuided)]
     assert mi == [("entropy cap", 0.5, 0.5), ("MI-guided", 0.01, 0.3), ("MI-guided", 0.1, math.inf)]
-    assert sp._cap(grid[-2][2]) == 0.3 and sp._cap(grid[-1][2]) is None
+    assert sp.entropy_cap_of(grid[-2][2]) == 0.3 and sp.entropy_cap_of(grid[-1][2]) is None
     assert [n for n, _, _ in sp.rule_grid(knobs={"entropy cap": [0.5]})][-1] == "entropy cap"  # no head needed
     with pytest.raises(ValueError, match=r"\(eps, entropy cap\) pairs"):
         sp.rule_grid(head=object(), knobs={"MI-guided": [0.01]})

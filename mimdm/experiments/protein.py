@@ -341,14 +341,14 @@ def protein_sweep(model: ESMCMDM, tokens: list[torch.Tensor], rules, score, temp
     Returns rows ``{"rule", "knob", "entropy_cap", "nfe" (mean passes per sequence), "head_passes", "seconds" (per
     sequence), **quality}``.
     """
-    from .speedup import _cap
+    from .speedup import entropy_cap_of
 
     rows = []
     n = len(tokens)
     decode_grouped(model, tokens[:1], rules[0][2], temperature, seed)  # warm-up, untimed
     for name, knob, rule in tqdm(rules, desc="protein decode sweep", disable=not progress):
         out, nfe, extra, secs = decode_grouped(model, tokens, rule, temperature, seed)
-        rows.append({"rule": name, "knob": knob, "entropy_cap": _cap(rule), "nfe": float(nfe.mean()),
+        rows.append({"rule": name, "knob": knob, "entropy_cap": entropy_cap_of(rule), "nfe": float(nfe.mean()),
                      "head_passes": extra.get("head_passes", 0) / n,
                      "seconds": secs / n, **score(out)})
     return rows

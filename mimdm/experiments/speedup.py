@@ -90,7 +90,8 @@ def rule_grid(head=None, layer: int = -1, oracle: bool = False, knobs: dict | No
     return out
 
 
-def _cap(rule) -> float | None:
+def entropy_cap_of(rule) -> float | None:
+    """A rule's entropy cap in nats for the sweep tables: None when it has none or it is infinite."""
     c = getattr(rule, "entropy_cap", None)
     return None if c is None or math.isinf(c) else float(c)
 
@@ -110,7 +111,7 @@ def sweep(model: MaskedModel, tokens: torch.Tensor, rules, score, temperature: f
     decode(model, tokens[:2], rules[0][2], temperature=temperature, seed=seed)  # warm-up, untimed
     for name, knob, rule in tqdm(rules, desc="decode sweep", disable=not progress):
         out = decode(model, tokens, rule, temperature=temperature, seed=seed)
-        rows.append({"rule": name, "knob": knob, "entropy_cap": _cap(rule), "nfe": float(out.nfe.float().mean()),
+        rows.append({"rule": name, "knob": knob, "entropy_cap": entropy_cap_of(rule), "nfe": float(out.nfe.float().mean()),
                      "head_passes": out.extra_passes.get("head_passes", 0) / n,
                      "probe_passes": out.extra_passes.get("probe_passes", 0) / n,
                      "seconds": out.seconds / n, **score(out.tokens)})
