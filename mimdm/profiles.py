@@ -143,7 +143,7 @@ PROFILES: dict[str, Profile] = {
     "cpu": Profile(
         name="cpu",
         sudoku_model=SudokuMDMConfig.cpu(),
-        sudoku_train=TrainConfig(steps=5000, batch_size=64, lr=2e-3, warmup=300),
+        sudoku_train=TrainConfig(steps=3000, batch_size=64, lr=2e-3, warmup=200),
         solve_eval_puzzles=200,
         probe_contexts=8,
         enum_contexts=16,

@@ -55,7 +55,8 @@ def score_generation(out_tokens: torch.Tensor, contexts: np.ndarray) -> dict:
             "mean_hamming": float(ham[iu].mean()) if len(iu[0]) else float("nan")}
 
 
-MI_SETTINGS = [(e, c) for c in (0.3, 0.5, 1.0) for e in (0.003, 0.01, 0.03, 0.1)] + [(1e-3, math.inf), (1e-2, math.inf)]
+MI_SETTINGS = ([(e, c) for c in (0.1, 0.2, 0.3, 0.5, 1.0) for e in (0.003, 0.01, 0.03)]
+               + [(e, math.inf) for e in (3e-4, 1e-3, 3e-3, 1e-2)])
 """Default (ε nats, entropy cap nats) grid of the MI-guided sweep."""
 
 
@@ -70,8 +71,9 @@ def rule_grid(head=None, layer: int = -1, oracle: bool = False, knobs: dict | No
     Raises:
         ValueError: an MI-guided/oracle knob value that is not an ``(ε, cap)`` pair.
     """
-    k = {"top-k": [2, 3, 4, 6, 8], "threshold": [0.99, 0.95, 0.9, 0.8, 0.7, 0.5],
-         "EB-sampler": [0.01, 0.05, 0.1, 0.3, 1.0, 3.0], "MI-guided": MI_SETTINGS, "entropy cap": [0.3, 0.5, 1.0],
+    k = {"top-k": [2, 3, 4, 6, 8], "threshold": [0.999, 0.99, 0.95, 0.9, 0.8, 0.7, 0.5],
+         "EB-sampler": [0.001, 0.01, 0.05, 0.1, 0.3, 1.0], "MI-guided": MI_SETTINGS,
+         "entropy cap": [0.05, 0.1, 0.2, 0.3, 0.5, 1.0],
          "MI-oracle": [(1e-2, 0.3), (1e-2, 0.5), (1e-2, math.inf)], **(knobs or {})}
     out = [("sequential", math.nan, Sequential("confidence"))]
     out += [("top-k", v, TopK(int(v))) for v in k["top-k"]]
