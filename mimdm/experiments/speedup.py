@@ -55,7 +55,7 @@ def score_generation(out_tokens: torch.Tensor, contexts: np.ndarray) -> dict:
             "mean_hamming": float(ham[iu].mean()) if len(iu[0]) else float("nan")}
 
 
-MI_SETTINGS = ([(e, c) for c in (0.1, 0.2, 0.3, 0.5, 1.0) for e in (0.003, 0.01, 0.03)]
+MI_SETTINGS = ([(e, c) for c in (0.05, 0.1, 0.2, 0.3, 0.5, 1.0) for e in (0.003, 0.01, 0.03)]
                + [(e, math.inf) for e in (3e-4, 1e-3, 3e-3, 1e-2)])
 """Default (ε nats, entropy cap nats) grid of the MI-guided sweep."""
 
