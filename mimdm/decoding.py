@@ -47,6 +47,7 @@ class Rule:
     knob: str | None = None
 
     def select(self, info: StepInfo, model: MaskedModel) -> Tensor:  # pragma: no cover
+        """``[B, L]`` bool: the masked positions to unmask this step, at least one per unfinished row."""
         raise NotImplementedError
 
     def cost(self) -> dict:
@@ -54,7 +55,15 @@ class Rule:
         return {}
 
     def reset(self) -> None:
-        pass
+        """Forget the extra-pass counts (called by `decode` before a run)."""
+
+
+ORDERS = ("confidence", "entropy", "margin", "random")
+
+
+def _check_nonneg(value: float, name: str, rule: str) -> None:
+    if not value >= 0:  # also rejects NaN
+        raise ValueError(f"{rule}: {name} must be >= 0 (nats), got {value!r}")
 
 
 def _score_order(info: StepInfo, by: str) -> Tensor:
@@ -70,7 +79,7 @@ def _score_order(info: StepInfo, by: str) -> Tensor:
     elif by == "random":
         s = torch.rand(p.shape[:2], generator=info.generator, device=p.device)
     else:
-        raise ValueError(f"unknown order {by!r}; use confidence, entropy, margin or random")
+        raise ValueError(f"unknown order {by!r}; use one of {ORDERS}")
     return s.masked_fill(~info.masked, float("-inf"))
 
 
@@ -86,10 +95,18 @@ def _at_least_one(sel: Tensor, info: StepInfo, by: str = "confidence") -> Tensor
 
 @dataclass
 class Sequential(Rule):
-    """One position per step, chosen by ``order``: confidence | entropy | margin | random."""
+    """One position per step, chosen by ``order``: confidence | entropy | margin | random.
+
+    Raises:
+        ValueError: an unknown ``order``.
+    """
 
     order: str = "confidence"
     name = "sequential"
+
+    def __post_init__(self):
+        if self.order not in ORDERS:
+            raise ValueError(f"unknown order {self.order!r}; use one of {ORDERS}")
 
     def select(self, info, model):
         best = _score_order(info, self.order).argmax(1)
@@ -100,15 +117,22 @@ class Sequential(Rule):
 
 @dataclass
 class TopK(Rule):
-    """The ``k`` most confident masked positions per step."""
+    """The ``k`` most confident masked positions per step.
+
+    Raises:
+        ValueError: ``k`` is not an integer >= 1.
+    """
 
     k: int = 2
     name = "top-k"
     knob = "k"
 
+    def __post_init__(self):
+        if isinstance(self.k, bool) or not float(self.k).is_integer() or self.k < 1:
+            raise ValueError(f"top-k: k must be an integer >= 1, got {self.k!r}")
+        self.k = int(self.k)
+
     def select(self, info, model):
-        if self.k < 1:
-            raise ValueError(f"k must be >= 1, got {self.k}")
         s = _score_order(info, "confidence")
         k = min(self.k, s.shape[1])
         idx = s.topk(k, dim=1).indices
@@ -118,11 +142,21 @@ class TopK(Rule):
 
 @dataclass
 class Threshold(Rule):
-    """Fast-dLLM confidence threshold: every masked position with max probability >= ``tau``."""
+    """Fast-dLLM confidence threshold: every masked position with max probability >= ``tau``.
+
+    ``tau > 1`` admits only the forced position (sequential by confidence); ``tau <= 0`` admits all.
+
+    Raises:
+        ValueError: a NaN ``tau``.
+    """
 
     tau: float = 0.9
     name = "threshold"
     knob = "tau"
+
+    def __post_init__(self):
+        if self.tau != self.tau:
+            raise ValueError("threshold: tau must be a number, got NaN")
 
     def select(self, info, model):
         sel = (info.probs.max(-1).values >= self.tau) & info.masked
@@ -131,11 +165,18 @@ class Threshold(Rule):
 
 @dataclass
 class EBSampler(Rule):
-    """Entropy-bounded sampler: the largest entropy-sorted prefix with Σ H − max H <= ``gamma`` (nats)."""
+    """Entropy-bounded sampler: the largest entropy-sorted prefix with Σ H − max H <= ``gamma`` (nats).
+
+    Raises:
+        ValueError: negative or NaN ``gamma``.
+    """
 
     gamma: float = 0.1
     name = "EB-sampler"
     knob = "gamma"
+
+    def __post_init__(self):
+        _check_nonneg(self.gamma, "gamma", self.name)
 
     def select(self, info, model):
         ent = info.entropy.masked_fill(~info.masked, float("inf"))
@@ -160,7 +201,14 @@ class MIGuided(Rule):
     positive MI everywhere unmasks one position per step.
 
     Args:
-        mi_fn: ``(tokens [B, L], info) -> MI [B, L, L]`` nats; see `head_mi_fn` and `oracle_mi_fn`.
+        mi_fn: ``(info, model) -> (MI [B, L, L] nats, extra passes dict)``; see `head_mi_fn`,
+            `oracle_mi_fn` and `zero_mi_fn`.
+        eps: largest MI (nats) a candidate may have with any chosen position.
+        budget: largest summed MI (nats) over the chosen set's pairs.
+        entropy_cap: largest entropy (nats) of an admitted candidate after the first.
+
+    Raises:
+        ValueError: no ``mi_fn``, or a negative or NaN ``eps``, ``budget`` or ``entropy_cap``.
     """
 
     mi_fn: object = None
@@ -170,6 +218,13 @@ class MIGuided(Rule):
     name = "MI-guided"
     knob = "eps"
     _cost: dict = field(default_factory=lambda: {"head_passes": 0, "probe_passes": 0})
+
+    def __post_init__(self):
+        if not callable(self.mi_fn):
+            raise ValueError("MI-guided: mi_fn must be a callable MI source (head_mi_fn, oracle_mi_fn or zero_mi_fn), "
+                             f"got {self.mi_fn!r}")
+        for name in ("eps", "budget", "entropy_cap"):
+            _check_nonneg(getattr(self, name), name, self.name)
 
     def reset(self):
         self._cost = {"head_passes": 0, "probe_passes": 0}

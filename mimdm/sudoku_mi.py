@@ -54,7 +54,7 @@ def underdetermined_grids(clues: tuple[int, int], rng: np.random.Generator, max_
         grid = sd.random_partial(sd.random_solutions(1, rng)[0], n, rng)
         try:
             dmi, k = data_mi(grid, max_completions)
-        except sd.SudokuError:
+        except sd.TooManyCompletions:
             stats["too_many"] += 1
             continue
         if k < 2:

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from mimdm.data import sudoku as sd
-from mimdm.decoding import (EBSampler, MIGuided, Sequential, Threshold, TopK, decode, head_mi_fn, oracle_mi_fn)
+from mimdm.decoding import (EBSampler, MIGuided, Sequential, Threshold, TopK, decode, head_mi_fn, oracle_mi_fn,
+                            zero_mi_fn)
 from mimdm.heads import MIHead, MIHeadConfig
 from mimdm.models.oracle import TableJointMDM, potts_chain_log_joint
 from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
@@ -123,3 +124,19 @@ def test_mi_guided_greedy_admission_eps_budget_and_cap():
     # budget: admitting 3 would bring the summed MI of the set to 0.008 > 0.005
     assert MIGuided(fn, eps=0.01, budget=0.005).select(info, None).tolist() == [[True, False, True, False, False]]
     assert MIGuided(fn, eps=1.0, entropy_cap=0.25).select(info, None).tolist() == [[True, True, False, False, False]]
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: Sequential("bogus"), "unknown order 'bogus'"),
+    (lambda: TopK(0), "k must be an integer >= 1"),
+    (lambda: TopK(2.5), "k must be an integer >= 1"),
+    (lambda: Threshold(math.nan), "tau must be a number"),
+    (lambda: EBSampler(-0.1), "gamma must be >= 0"),
+    (lambda: MIGuided(None), "mi_fn must be a callable"),
+    (lambda: MIGuided(zero_mi_fn(), eps=-1e-3), "eps must be >= 0"),
+    (lambda: MIGuided(zero_mi_fn(), entropy_cap=math.nan), "entropy_cap must be >= 0"),
+    (lambda: MIGuided(zero_mi_fn(), budget=-1.0), "budget must be >= 0"),
+])
+def test_rules_reject_bad_settings_when_built(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()

@@ -92,6 +92,15 @@ def test_head_overfits_a_tiny_label_set():
     assert r > 0.95
 
 
+def test_train_head_rejects_an_empty_split():
+    data = _synthetic_labels(n=4)
+    empty = {k: v[:0] for k, v in data.items()}
+    for train, val, name in ((empty, data, "training"), (data, empty, "validation")):
+        with pytest.raises(ValueError, match=f"the {name} split holds no contexts"):
+            train_head(train, val, MIHeadConfig(16, d_hidden=8, rank=4), HeadTrainConfig(epochs=1), mask_id=9,
+                       progress=False)
+
+
 def _position_labels(n=64, L=12, D=16, seed=0):
     """MI set by the positions alone (0.3 nats within blocks of 3, else 0), hidden states pure noise."""
     g = torch.Generator().manual_seed(seed)

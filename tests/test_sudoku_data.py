@@ -257,8 +257,17 @@ def test_enumerate_deadly_pattern():
 def test_enumerate_bound_and_edge_cases():
     # a grid with 17 random givens of a solution has far more than 1000 completions
     sparse = S.random_partial(S.parse_grid(WIKI_SOLUTION), 17, np.random.default_rng(0))
-    with pytest.raises(SudokuError, match="more than 1000 completions; raise max_solutions"):
+    with pytest.raises(S.TooManyCompletions, match="more than 1000 completions; raise max_solutions"):
         S.enumerate_completions(sparse, max_solutions=1000)
+    for bad in (2.5, True):  # not silently truncated to an int
+        with pytest.raises(SudokuError, match="max_solutions must be an integer"):
+            S.enumerate_completions(sparse, max_solutions=bad)
+        with pytest.raises(SudokuError, match="limit must be an integer"):
+            S.count_solutions(sparse, limit=bad)
+    with pytest.raises(SudokuError, match="n_clues must be an integer"):
+        S.make_puzzles(1, 25.7, 0)
+    with pytest.raises(SudokuError, match=r"n_clues\[1\] must be an integer"):
+        S.make_puzzles(1, (24, 25.5), 0)
     with pytest.raises(SudokuError, match="more than 100000 completions; raise max_solutions"):
         S.enumerate_completions(np.zeros(81, dtype=np.int8))
     sol = S.parse_grid(WIKI_SOLUTION)

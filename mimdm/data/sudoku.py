@@ -61,6 +61,10 @@ class SudokuError(ValueError):
     """Bad sudoku input: wrong shape or characters, out-of-range digits, broken rules, bounds."""
 
 
+class TooManyCompletions(SudokuError):
+    """A partial grid has more completions than the enumeration bound allows."""
+
+
 # --------------------------------------------------------------------------- structure
 
 def _build_units() -> np.ndarray:
@@ -476,28 +480,29 @@ def count_solutions(grid, limit: int = 2) -> int:
     Raises:
         SudokuError: bad grid, or ``limit < 1``.
     """
-    if int(limit) < 1:
+    limit = _as_count(limit, "limit")
+    if limit < 1:
         raise SudokuError(f"limit must be >= 1, got {limit}")
     g = _as_grid(grid).tolist()
-    return _search(g, int(limit))[0]
+    return _search(g, limit)[0]
 
 
 def enumerate_completions(grid, max_solutions: int = 100_000) -> np.ndarray:
     """All completions of ``grid`` as ``[K, 81]`` int8 (solver order; ``[0, 81]`` if none).
 
     Raises:
-        SudokuError: bad grid, ``max_solutions < 1``, or more than ``max_solutions``
-            completions ("more than 100000 completions; raise max_solutions or give more
-            clues").
+        SudokuError: bad grid, or ``max_solutions`` not an integer >= 1.
+        TooManyCompletions: (a `SudokuError`) more than ``max_solutions`` completions ("more
+            than 100000 completions; raise max_solutions or give more clues").
     """
-    max_solutions = int(max_solutions)
+    max_solutions = _as_count(max_solutions, "max_solutions")
     if max_solutions < 1:
         raise SudokuError(f"max_solutions must be >= 1, got {max_solutions}")
     g = _as_grid(grid).tolist()
     out: list = []
     count, _ = _search(g, max_solutions + 1, collect=out)
     if count > max_solutions:
-        raise SudokuError(
+        raise TooManyCompletions(
             f"more than {max_solutions} completions; raise max_solutions or give more clues"
         )
     return np.array(out, dtype=np.int8).reshape(len(out), N_CELLS)
@@ -671,14 +676,14 @@ def make_puzzles(n: int, n_clues, rng, max_tries: int = 200) -> list[Puzzle]:
     if isinstance(n_clues, (tuple, list)):
         if len(n_clues) != 2:
             raise SudokuError(f"n_clues range must be (lo, hi), got {n_clues!r}")
-        lo, hi = int(n_clues[0]), int(n_clues[1])
+        lo, hi = _as_count(n_clues[0], "n_clues[0]"), _as_count(n_clues[1], "n_clues[1]")
         if lo > hi:
             raise SudokuError(f"n_clues range has lo > hi: {n_clues!r}")
         if lo < MIN_UNIQUE_CLUES or hi > N_CELLS:
             raise SudokuError(f"n_clues range must lie in 17..81, got {n_clues!r}")
         counts = [int(c) for c in rng.integers(lo, hi + 1, int(n))]
     else:
-        counts = [int(n_clues)] * int(n)
+        counts = [_as_count(n_clues, "n_clues")] * int(n)
     return [make_puzzle(c, rng, max_tries=max_tries) for c in counts]
 
 
