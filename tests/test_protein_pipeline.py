@@ -42,6 +42,15 @@ def test_family_bad_input(tmp_path, family):
         load_family(FamilySpec(native_id="NOT_A_ROW"))
     with pytest.raises(ValueError, match="longer than the model's maximum"):
         load_family(FamilySpec(), max_len=100)
+    # an alignment of unrelated sequences: no row may silently stand in for the structure's protein
+    rng = np.random.default_rng(0)
+    fasta = tmp_path / "other.fasta"
+    fasta.write_text("".join(f">r{i}\n{''.join(rng.choice(list(pr.AMINO_ACIDS), 150))}\n" for i in range(30)))
+    _, pdb, _ = FamilySpec().paths()
+    with pytest.raises(ValueError, match="no alignment row matches the sequence of .* chain A"):
+        load_family(FamilySpec(alignment=str(fasta), structure=str(pdb)))
+    with pytest.raises(ValueError, match=r"100000 infilling tasks asked, but the test split holds \d+ members of at most"):
+        xp.infilling_tasks(family, 100_000, max_len=200)
 
 
 def test_encode_values_and_batches(family):

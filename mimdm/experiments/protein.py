@@ -270,11 +270,19 @@ def load_or_build_protein_labels(model: ESMCMDM, model_key: str, family: FamilyD
 def infilling_tasks(family: FamilyData, n: int, rate_range=(0.3, 0.7), seed: int = 0, max_len: int | None = None):
     """Held-out (test split) members with a random 30-70% of positions masked.
 
-    Returns a list of ``(sequence, mask [L] bool)``; sequences are drawn without replacement.
+    Returns a list of ``n`` ``(sequence, mask [L] bool)``; sequences are drawn without replacement from
+    the test members of at most ``max_len`` residues.
+
+    Raises:
+        ValueError: fewer than ``n`` such test members (the message counts those over ``max_len``).
     """
     rng = np.random.default_rng(seed)
-    test = [s for s in family.part("test") if max_len is None or len(s) <= max_len]
-    pick = rng.choice(len(test), min(n, len(test)), replace=False)
+    part = family.part("test")
+    test = [s for s in part if max_len is None or len(s) <= max_len]
+    if len(test) < n:
+        raise ValueError(f"{n} infilling tasks asked, but the test split holds {len(test)} members"
+                         + (f" of at most {max_len} residues ({len(part) - len(test)} longer)" if max_len else ""))
+    pick = rng.choice(len(test), n, replace=False)
     out = []
     for i in pick:
         s = test[i]

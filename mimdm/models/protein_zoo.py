@@ -115,6 +115,9 @@ class FamilyData:
         return [self.aligned[i] for i in getattr(self.split, name)]
 
 
+MIN_NATIVE_KMER_JACCARD = 0.5  # DHFR/3QL0: the native row scores 0.92, the median row 0.05
+
+
 def _kmers(s: str, k: int = 3) -> set:
     return {s[i:i + k] for i in range(len(s) - k + 1)}
 
@@ -125,8 +128,13 @@ def load_family(spec: FamilySpec = FamilySpec(), max_len: int | None = None) -> 
     Rows with non-standard letters are dropped by `load_alignment` (listed in ``dropped``); a sequence
     longer than ``max_len`` raises (nothing is truncated).
 
+    Without ``native_id`` the native row is the one whose sequence shares the most 3-mers (Jaccard) with
+    the structure's chain; a best match under `MIN_NATIVE_KMER_JACCARD` raises rather than pairing the
+    contacts with an unrelated row.
+
     Raises:
-        FileNotFoundError: missing files. ValueError: unknown ``native_id``; sequences too long.
+        FileNotFoundError: missing files. ValueError: unknown ``native_id``; no row matches the structure's
+            chain; sequences too long.
     """
     aln_path, pdb, chain = spec.paths()
     aln = pr.load_alignment(aln_path)
@@ -147,6 +155,10 @@ def load_family(spec: FamilySpec = FamilySpec(), max_len: int | None = None) -> 
         target = _kmers(sseq)
         scores = [len(target & _kmers(s)) / max(1, len(target | _kmers(s))) for s in seqs]
         native = int(np.argmax(scores))
+        if scores[native] < MIN_NATIVE_KMER_JACCARD:
+            raise ValueError(f"no alignment row matches the sequence of {Path(pdb).name} chain {chain}: the best, "
+                             f"{ids[native]}, shares a 3-mer Jaccard of {scores[native]:.2f} "
+                             f"(< {MIN_NATIVE_KMER_JACCARD}); give native_id, or a structure of a family member")
     h = hashlib.sha256(Path(aln_path).read_bytes()).hexdigest()[:16]
     data_id = f"{Path(aln_path).name}-{h}-t{spec.split_threshold}-f{'/'.join(map(str, spec.split_fractions))}-s{spec.split_seed}"
     return FamilyData(ids, aligned, seqs, split, native, pdb, chain, data_id, list(aln.dropped))
