@@ -39,7 +39,7 @@ from torch import Tensor
 from .models.base import MaskedModel
 
 #: Names of the Monte Carlo estimators (see `time_free_nll`, `time_integral_nll`).
-ESTIMATORS = ("time_free", "time_free_uniform", "time_integral")
+ESTIMATORS = ("time_free_harmonic", "time_free_uniform", "time_integral")
 
 __all__ = [
     "ESTIMATORS", "Estimate", "harmonic", "masked_nll_terms", "time_free_nll", "time_integral_nll",
@@ -159,7 +159,7 @@ def _draw_masks(kind: str, maskable_BL: Tensor, K: int, g: torch.Generator) -> t
     B, L = maskable_BL.shape
     n_B = maskable_BL.sum(1).cpu()
     rep = maskable_BL.unsqueeze(1).expand(B, K, L).reshape(B * K, L)
-    if kind == "time_free":
+    if kind == "time_free_harmonic":
         # m ~ (1/m) / H_n over 1..n by inverse CDF on the cumulative harmonic numbers
         H = harmonic(torch.arange(0, L + 1))                           # [L+1], H[0] = 0
         n_N = n_B.repeat_interleave(K)
@@ -231,7 +231,7 @@ def time_free_nll(model: MaskedModel, tokens_BL: Tensor, n_samples: int = 64, ma
     """
     if sizes not in ("harmonic", "uniform"):
         raise ValueError(f"sizes must be 'harmonic' or 'uniform', got {sizes!r}")
-    kind = "time_free" if sizes == "harmonic" else "time_free_uniform"
+    kind = "time_free_harmonic" if sizes == "harmonic" else "time_free_uniform"
     return _estimate(kind, model, tokens_BL, n_samples, maskable_BL, seed, batch_size)
 
 
@@ -301,7 +301,7 @@ def log_likelihood_ratio(model: MaskedModel, x_BL: Tensor, y_BL: Tensor, n_sampl
     Args:
         x_BL, y_BL: ``[B, L]`` the two sequences of each pair (same shape).
         coupled: share mask draws between x and y (True) or not (False).
-        estimator: one of `ESTIMATORS`: ``"time_free_uniform"`` (default), ``"time_free"`` (harmonic
+        estimator: one of `ESTIMATORS`: ``"time_free_uniform"`` (default), ``"time_free_harmonic"`` (harmonic
             sizes) or ``"time_integral"``.
         maskable_BL: ``[B, L]`` bool scored set, shared by x and y (default: positions unmasked in both).
         Other arguments as `time_free_nll`.

@@ -151,6 +151,26 @@ def test_uniform_sizes_draw_every_size(oracle):
     assert torch.isfinite(est.draws).all()
 
 
+@pytest.mark.parametrize("kind, expected", [
+    ("time_free_uniform", lambda m, n: 1 / n),
+    ("time_free_harmonic", lambda m, n: (1 / m) / sum(1 / k for k in range(1, n + 1))),
+])
+def test_mask_size_distributions_and_weights(kind, expected):
+    """Mask sizes follow U{1..n} (weight n/m) or (1/m)/H_n (weight H_n), on the scored set only."""
+    from mimdm.likelihood import _draw_masks
+
+    n, K = 6, 60_000
+    maskable = torch.tensor([[True] * n + [False] * 2])
+    masks, w = _draw_masks(kind, maskable, K, torch.Generator().manual_seed(0))
+    assert not masks[0, :, n:].any()
+    m = masks[0].sum(1)
+    for size in range(1, n + 1):
+        assert (m == size).double().mean().item() == pytest.approx(expected(size, n), abs=0.01)
+    H = sum(1 / k for k in range(1, n + 1))
+    want = n / m.double() if kind == "time_free_uniform" else torch.full((K,), H, dtype=torch.float64)
+    assert torch.allclose(w[0], want)
+
+
 def test_chapter_helpers_on_oracle():
     from mimdm.experiments.likelihood import oracle_exactness, perturb_grids, reference_nll
     o = oracle_exactness(n_sequences=2, draws=(64,))
