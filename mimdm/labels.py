@@ -130,38 +130,69 @@ def label_dir(model_dir: Path, cfg: LabelConfig, root: Path | None = None) -> Pa
     return artifact_dir("labels", Path(model_dir).name, {"model": Path(model_dir).name, **cfg.to_dict()}, root)
 
 
+def run_shards(out_dir: Path, config: dict, n_shards: int, make_shard, desc: str = "probe labels",
+               progress: bool = True, max_new_shards: int | None = None) -> Path:
+    """The resumable shard loop of a label set: compute every shard missing from ``out_dir``.
+
+    ``manifest.json`` records the config and each finished shard (context count, probing NFE,
+    seconds); a shard file is written atomically before its manifest entry, so an interrupted run
+    resumes at the first unfinished shard. A manifest entry whose shard file has gone is dropped
+    and the shard recomputed.
+
+    Args:
+        config: the label config as a JSON-able dict (stored; a folder holding another config raises).
+        make_shard: ``k -> dict`` of tensors with at least ``tokens [N, L]``, ``nfe [N]`` and ``seconds``.
+        max_new_shards: stop after this many new shards (to bound a call; a later call continues).
+
+    Returns:
+        ``out_dir``.
+
+    Raises:
+        ValueError: ``out_dir`` holds labels of another config.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    man_path = out_dir / "manifest.json"
+    config = json.loads(json.dumps(config))  # as stored (tuples become lists)
+    manifest = json.loads(man_path.read_text()) if man_path.exists() else {"config": config, "shards": {}}
+    if manifest["config"] != config:
+        raise ValueError(f"{out_dir} holds labels of another config; use a new folder (see label_dir)")
+    for k in [k for k in manifest["shards"] if not _shard_file(out_dir, int(k)).is_file()]:
+        del manifest["shards"][k]
+    todo = [k for k in range(n_shards) if str(k) not in manifest["shards"]]
+    for done_now, k in enumerate(tqdm(todo, desc=desc, unit="shard", disable=not progress)):
+        if max_new_shards is not None and done_now >= max_new_shards:
+            break
+        shard = make_shard(k)
+        atomic_save(shard, _shard_file(out_dir, k))
+        manifest["shards"][str(k)] = {"n_contexts": int(shard["tokens"].shape[0]),
+                                      "nfe": int(shard["nfe"].sum()), "seconds": float(shard["seconds"])}
+        tmp = man_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(manifest, indent=1))
+        tmp.replace(man_path)
+    return out_dir
+
+
+def _shard_file(out_dir: Path, k: int) -> Path:
+    return Path(out_dir) / f"shard_{k:05d}.pt"
+
+
 def generate_labels(model: MaskedModel, cfg: LabelConfig, out_dir: Path, progress: bool = True,
                     max_new_shards: int | None = None) -> Path:
-    """Generate every missing shard of a label set into ``out_dir`` (resumable).
+    """Generate every missing shard of a Sudoku label set into ``out_dir`` (resumable; `run_shards`).
 
     Args:
         max_new_shards: stop after this many new shards (to bound a call; a later call continues).
 
     Returns:
         ``out_dir``; ``manifest.json`` lists the completed shards with their context counts.
+
+    Raises:
+        ValueError: ``out_dir`` holds labels of another config.
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    man_path = out_dir / "manifest.json"
-    config = json.loads(json.dumps(cfg.to_dict()))  # as stored (tuples become lists)
-    manifest = json.loads(man_path.read_text()) if man_path.exists() else {"config": config, "shards": {}}
-    if manifest["config"] != config:
-        raise ValueError(f"{out_dir} holds labels of another config; use a new folder (see label_dir)")
-    todo = [k for k in range(cfg.n_shards) if str(k) not in manifest["shards"]]
-    done_now = 0
     model.eval()
-    for k in tqdm(todo, desc="probe labels", unit="shard", disable=not progress):
-        if max_new_shards is not None and done_now >= max_new_shards:
-            break
-        shard = label_shard(model, cfg, k)
-        atomic_save(shard, out_dir / f"shard_{k:05d}.pt")
-        manifest["shards"][str(k)] = {"n_contexts": int(shard["tokens"].shape[0]),
-                                      "nfe": int(shard["nfe"].sum()), "seconds": float(shard["seconds"])}
-        tmp = man_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(manifest, indent=1))
-        tmp.replace(man_path)
-        done_now += 1
-    return out_dir
+    return run_shards(out_dir, cfg.to_dict(), cfg.n_shards, lambda k: label_shard(model, cfg, k), "probe labels",
+                      progress, max_new_shards)
 
 
 def is_complete(out_dir: Path, cfg: LabelConfig) -> bool:
@@ -176,7 +207,8 @@ def load_labels(out_dir: Path, split: str | None = None) -> dict:
     """Concatenate all shards (optionally one split: ``"train"``, ``"val"``, ``"test"``).
 
     Raises:
-        FileNotFoundError: no manifest (labels not generated).
+        FileNotFoundError: no manifest or no finished shard (labels not generated), or a listed shard file
+            is missing.
         ValueError: unknown split.
     """
     out_dir = Path(out_dir)
@@ -186,7 +218,13 @@ def load_labels(out_dir: Path, split: str | None = None) -> dict:
     if split is not None and split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; use one of {SPLITS}")
     shards = sorted(int(k) for k in json.loads(man.read_text())["shards"])
-    parts = [torch.load(out_dir / f"shard_{k:05d}.pt", weights_only=True) for k in shards]
+    if not shards:
+        raise FileNotFoundError(f"the label set at {out_dir} holds no finished shard: generate it first")
+    missing = [str(_shard_file(out_dir, k)) for k in shards if not _shard_file(out_dir, k).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{len(missing)} shard files listed in {man} are missing (e.g. {missing[0]}); "
+                                "run the label generation again to recompute them")
+    parts = [torch.load(_shard_file(out_dir, k), weights_only=True) for k in shards]
     out = {}
     for key in parts[0]:
         if key == "seconds":

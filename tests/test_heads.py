@@ -181,6 +181,15 @@ def test_label_generation_resumes_with_identical_output(tmp_path):
         load_labels(tmp_path / "a", "dev")
     with pytest.raises(FileNotFoundError, match="manifest.json missing"):
         load_labels(tmp_path / "none")
+    # a shard file lost after its manifest entry: loading names it, generating again recomputes it
+    (tmp_path / "b" / "shard_00001.pt").unlink()
+    with pytest.raises(FileNotFoundError, match="1 shard files listed in .* are missing .*shard_00001.pt"):
+        load_labels(tmp_path / "b")
+    generate_labels(model, cfg, tmp_path / "b", progress=False)
+    assert torch.equal(load_labels(tmp_path / "b")["mi"], a["mi"])
+    with pytest.raises(ValueError, match="holds labels of another config"):
+        generate_labels(model, LabelConfig(n_shards=2, sources_per_shard=4, contexts_per_source=3, layers=(-1, 1)),
+                        tmp_path / "b", progress=False)
 
 
 def test_head_checkpoint_roundtrip_and_one_pass_prediction(tmp_path):

@@ -5,8 +5,6 @@ chapter runs on any family given as alignment + structure + chain (see `mimdm.mo
 """
 from __future__ import annotations
 
-import json
-import math
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -16,9 +14,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..artifacts import artifact_dir, atomic_save
+from ..artifacts import artifact_dir
 from ..data import protein as pr
-from ..labels import SPLITS
+from ..labels import SPLITS, run_shards
 from ..metrics import precision_at_L
 from ..models.esmc import ESMCMDM
 from ..models.protein_zoo import FamilyData, encode_values
@@ -248,22 +246,9 @@ def load_or_build_protein_labels(model: ESMCMDM, model_key: str, family: FamilyD
                                  progress: bool = True) -> Path:
     """Protein label shards (resumable, manifest as `mimdm.labels.generate_labels`), cached by model and config."""
     d = artifact_dir("protein_labels", model_key, {"model": model_key, "data": family.data_id, **cfg.to_dict()})
-    man_path = d / "manifest.json"
-    config = json.loads(json.dumps(cfg.to_dict()))
-    manifest = json.loads(man_path.read_text()) if man_path.exists() else {"config": config, "shards": {}}
-    if manifest["config"] != config:
-        raise ValueError(f"{d} holds labels of another config")
     model.eval()
-    for k in tqdm([k for k in range(cfg.n_shards) if str(k) not in manifest["shards"]], desc="probe protein labels",
-                  unit="shard", disable=not progress):
-        shard = protein_label_shard(model, family, cfg, k)
-        atomic_save(shard, d / f"shard_{k:05d}.pt")
-        manifest["shards"][str(k)] = {"n_contexts": int(shard["tokens"].shape[0]), "nfe": int(shard["nfe"].sum()),
-                                      "seconds": float(shard["seconds"])}
-        tmp = man_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(manifest, indent=1))
-        tmp.replace(man_path)
-    return d
+    return run_shards(d, cfg.to_dict(), cfg.n_shards, lambda k: protein_label_shard(model, family, cfg, k),
+                      "probe protein labels", progress)
 
 
 # ------------------------------------------------------------------------------------------- decoding
