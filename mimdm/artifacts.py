@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import subprocess
 from pathlib import Path
 
@@ -50,18 +51,28 @@ def atomic_save(obj, path: Path) -> None:
 
 
 def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> dict:
-    """Load a checkpoint with ``weights_only=True``.
+    """Load a checkpoint with ``weights_only=True`` onto ``device`` (checked by `mimdm.device.resolve_device`).
 
     Raises:
         FileNotFoundError: no file at ``path`` (the message says how to produce it).
+        ValueError: the file is not a readable checkpoint (torn, truncated or not written by torch.save),
+            or ``device`` is not a device name.
+        RuntimeError: ``device`` asks for CUDA on a machine without it.
     """
+    from .device import resolve_device
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
             f"checkpoint not found: {path}. Train it first (e.g. `mimdm train --profile cpu`) "
             "or point MIMDM_ARTIFACTS at the folder that holds it."
         )
-    return torch.load(path, map_location=device, weights_only=True)
+    device = resolve_device(device)
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
+        raise ValueError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                         "it may be torn or truncated: delete it and train again") from e
 
 
 def git_commit() -> str | None:

@@ -197,6 +197,7 @@ def _train_protein(p, dev, heads: bool, progress: bool) -> None:
 
 
 def cmd_train(args) -> int:
+    """`mimdm train`: train (or load from the cache) the profile's MDMs, MI labels and heads. Returns 0."""
     p, dev = _profile(args.profile), _device(args.device)
     heads = not args.no_heads
     if args.what == "all" and heads and not args.no_ablations:
@@ -213,6 +214,11 @@ def cmd_train(args) -> int:
 
 # ------------------------------------------------------------------------------------------ probe
 def cmd_probe(args) -> int:
+    """`mimdm probe`: brute-force MI labels of the profile's Sudoku or protein MDM (resumable). Returns 0.
+
+    Raises:
+        CLIError: ``--max-new-shards`` with the protein labels; a missing model (exit code 1).
+    """
     p, dev = _profile(args.profile), _device(args.device)
     progress = not args.no_progress
     if args.what == "sudoku":
@@ -240,6 +246,7 @@ def cmd_probe(args) -> int:
 
 # ------------------------------------------------------------------------------------------ fit-head
 def cmd_fit_head(args) -> int:
+    """`mimdm fit-head`: train the MI head on the profile's labels, probing missing shards first. Returns 0."""
     from .experiments.mi_head import load_or_train_head
 
     p, dev = _profile(args.profile), _device(args.device)
@@ -421,6 +428,14 @@ def _decode_protein(args) -> dict:
 
 
 def cmd_decode(args) -> int:
+    """`mimdm decode`: decode Sudoku puzzles or a masked protein with one rule; prints NFE and validity.
+
+    Returns 0.
+
+    Raises:
+        CLIError: neither or both of puzzles and ``--protein``, a negative temperature, bad puzzles or
+            sequences, a bad knob, a missing model or head.
+    """
     if bool(args.puzzles) == bool(args.protein):
         raise CLIError("give Sudoku PUZZLE strings or --protein SEQ (not both, not neither)")
     if args.temperature < 0:
@@ -451,6 +466,13 @@ def cmd_decode(args) -> int:
 
 # ------------------------------------------------------------------------------------------ nll
 def cmd_nll(args) -> int:
+    """`mimdm nll`: time-free I-MDCE NLL (nats) of complete Sudoku grids, ``--samples`` passes per grid.
+
+    Returns 0.
+
+    Raises:
+        CLIError: ``--samples`` < 1, a malformed or incomplete grid, a missing model.
+    """
     import numpy as np
 
     from .data import sudoku as sd
@@ -492,6 +514,7 @@ def cmd_nll(args) -> int:
 
 # ------------------------------------------------------------------------------------------ book
 def cmd_book(args) -> int:
+    """`mimdm book`: run the chapters with papermill under a profile and build the HTML book. Returns 0."""
     from .book import run_book
 
     run_book(args.profile, args.device, chapters=args.chapter, execute=not args.no_execute, build=not args.no_build)
@@ -513,6 +536,7 @@ def _common(sp, device_help: str = "cpu | cuda | cuda:N | auto (default: cpu)") 
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``mimdm`` argument parser: sub-commands train, probe, fit-head, decode, nll, book."""
     fmt = argparse.RawDescriptionHelpFormatter
     ap = argparse.ArgumentParser(prog="mimdm", formatter_class=fmt, description=__doc__.split("\n\n", 1)[1])
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")

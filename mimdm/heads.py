@@ -156,6 +156,8 @@ class MIHead(nn.Module):
                              "train a head with a larger max_len")
         if c.bound != "none" and entropy_BL is None:
             raise ValueError("this head bounds MI by the marginal entropies: pass entropy_BL")
+        if entropy_BL is not None and entropy_BL.shape != (B, L):
+            raise ValueError(f"entropy must have shape {(B, L)}, got {tuple(entropy_BL.shape)}")
         dev = hidden_BLD.device
         masked_BL = masked_BL.to(dev)
         pairs = masked_BL[:, :, None] & masked_BL[:, None, :] & torch.ones(L, L, dtype=torch.bool, device=dev).triu(1)
@@ -203,7 +205,16 @@ def head_inputs(model: MaskedModel, tokens_BL: Tensor, layer: int = -1) -> tuple
 
 @torch.no_grad()
 def predict_mi(model: MaskedModel, head: MIHead, tokens_BL: Tensor, layer: int = -1, batch_size: int = 256) -> Tensor:
-    """Predicted MI ``[B, L, L]`` (nats) from one MDM forward pass per context (plus one head pass)."""
+    """Predicted MI ``[B, L, L]`` (nats) from one MDM forward pass per context (plus one head pass).
+
+    Args:
+        tokens_BL: ``[B, L]`` contexts with ``model.mask_id`` at the masked positions.
+        layer: the MDM layer whose hidden states the head was trained on.
+        batch_size: contexts per forward pass.
+
+    Raises:
+        ValueError: as `MIHead.forward` (the head does not fit the model's hidden size or length).
+    """
     outs = []
     for s in range(0, tokens_BL.shape[0], batch_size):
         h, m, e = head_inputs(model, tokens_BL[s:s + batch_size], layer)
@@ -291,7 +302,16 @@ def _batches(n: int, bs: int, rng: np.random.Generator | None):
 
 
 def evaluate_loss(head: MIHead, data: dict, layer: int, kind: str, mask_id: int, batch_size: int = 64) -> float:
-    """Mean loss of ``head`` on a label split (``data`` from `mimdm.labels.load_labels`)."""
+    """Mean `mi_loss` of ``head`` over the contexts of a label split (``data`` from `mimdm.labels.load_labels`:
+    ``tokens [N, L]``, ``hidden_<layer> [N, L, D]``, ``entropy [N, L]`` nats, ``mi [N, L, L]`` nats).
+
+    Returns the context-weighted mean loss (units of ``kind``: log1p scale, or nats² for ``"mse"``).
+
+    Raises:
+        ValueError: an empty split.
+    """
+    if len(data["tokens"]) == 0:
+        raise ValueError("the label split holds no contexts")
     head.eval()
     tot, n = 0.0, 0
     with torch.no_grad():
@@ -301,7 +321,7 @@ def evaluate_loss(head: MIHead, data: dict, layer: int, kind: str, mask_id: int,
             pred = head(h, masked, data["entropy"][b])
             tot += mi_loss(pred, data["mi"][b], masked, kind).item() * len(b)
             n += len(b)
-    return tot / max(1, n)
+    return tot / n
 
 
 def train_head(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrainConfig, mask_id: int,

@@ -125,6 +125,9 @@ def masked_nll_terms(model: MaskedModel, tokens_NL: Tensor, mask_NL: Tensor, vid
         batch_size: sequences per forward pass batch.
 
     Cost: one forward per non-empty row.
+
+    Raises:
+        ValueError: the model gives probability 0 to a scored value (infinite NLL).
     """
     out = torch.zeros(tokens_NL.shape[0], dtype=torch.float64, device=tokens_NL.device)
     rows = mask_NL.any(1).nonzero().squeeze(1)

@@ -55,7 +55,14 @@ def graph_recovery(mi_LL, masked_L, graph_LL) -> dict:
 
 
 def correlation(x, y) -> dict:
-    """Pearson and Spearman correlation, MAE and max absolute error between two flat arrays."""
+    """Pearson and Spearman correlation, MAE and max absolute error (units of the inputs) between two arrays.
+
+    Both are flattened. Returns ``{"pearson", "spearman", "mae", "max_abs_error", "n"}`` (scipy.stats for the
+    correlations; NaN with fewer than 3 values, or with no values for the errors).
+
+    Raises:
+        ValueError: the arrays hold different numbers of values.
+    """
     x, y = _np(x).ravel().astype(float), _np(y).ravel().astype(float)
     if len(x) != len(y):
         raise ValueError(f"arrays differ in length: {len(x)} vs {len(y)}")

@@ -44,6 +44,8 @@ def test_head_output_properties():
     assert (strict(h, masked, ent) <= torch.minimum(ent[:, :, None], ent[:, None, :]) + 1e-7).all()
     with pytest.raises(ValueError, match="pass entropy_BL"):
         head(h, masked)
+    with pytest.raises(ValueError, match=r"entropy must have shape \(3, 10\), got \(3, 1\)"):
+        head(h, masked, ent[:, :1])  # would broadcast silently
     with pytest.raises(ValueError, match="does not match the head's d_in"):
         head(torch.randn(3, 10, 8), masked, ent)
     with pytest.raises(ValueError, match="exceeds the head's max_len=81"):

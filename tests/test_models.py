@@ -166,6 +166,13 @@ def test_load_or_train_caches_and_checkpoint_loads_weights_only(tmp_path):
 def test_missing_checkpoint_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         load_sudoku_mdm(tmp_path / "nope.pt")
+    torn = tmp_path / "torn.pt"
+    torch.save({"w": torch.zeros(1000)}, torn)
+    torn.write_bytes(torn.read_bytes()[:300])  # an interrupted copy
+    with pytest.raises(ValueError, match="torn.pt is not a readable checkpoint .* delete it and train again"):
+        load_checkpoint(torn)
+    with pytest.raises(ValueError, match="not a device"):
+        load_checkpoint(torn, device="gpu0")
     cfg = TrainConfig(steps=3)
     with pytest.raises(FileNotFoundError, match="no trained Sudoku MDM"):
         load_or_train_sudoku_mdm(TINY, cfg, root=tmp_path, train=False)

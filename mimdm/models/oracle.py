@@ -80,7 +80,11 @@ class TableJointMDM(MaskedModel):
 
     @classmethod
     def from_table(cls, log_joint: Tensor) -> "TableJointMDM":
-        """From a dense log-joint of shape ``[V] * L``."""
+        """From a dense log-joint of shape ``[V] * L`` (natural log, normalised or not).
+
+        Raises:
+            ValueError: the dimensions of ``log_joint`` are not all equal.
+        """
         L, V = log_joint.dim(), log_joint.shape[0]
         if any(s != V for s in log_joint.shape):
             raise ValueError(f"log_joint must have shape [V]*L, got {tuple(log_joint.shape)}")

@@ -93,7 +93,24 @@ def mask_tokens(values_BL: Tensor, model: MaskedModel, t_B: Tensor, generator: t
 
 def mdm_loss(model: MaskedModel, values_BL: Tensor, generator: torch.Generator, weighting: str = "none",
              min_t: float = 1e-3, maskable_BL: Tensor | None = None) -> Tensor:
-    """Masked-diffusion loss of one batch (nats per masked position; see module docstring)."""
+    """Masked-diffusion loss of one batch (nats per masked position; see module docstring).
+
+    Each example draws t ~ U[min_t, 1], masks each maskable position with probability t and scores the
+    cross-entropy at the masked positions. ``weighting``: ``"none"`` (mean over all masked positions of
+    the batch), ``"example"`` (mean per example, then over examples) or ``"mdlm"`` (Σ CE / (t·L), the
+    MDLM ELBO weight 1/t; Sahoo et al. 2024).
+
+    Args:
+        values_BL: ``[B, L]`` long clean values (indices into the value set).
+        generator: RNG of t and of the masks.
+        maskable_BL: ``[B, L]`` bool positions that may be masked (default all).
+
+    Returns:
+        Scalar loss tensor (nats).
+
+    Raises:
+        ValueError: unknown ``weighting``.
+    """
     B, L = values_BL.shape
     t = min_t + (1 - min_t) * torch.rand(B, generator=generator, device=values_BL.device)
     tokens, masked = mask_tokens(values_BL, model, t, generator, maskable_BL)
