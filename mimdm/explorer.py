@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .data.sudoku import cell_name
 from .heads import MIHead, predict_mi
 from .models.base import MaskedModel
 from .probing import probe_mi
@@ -80,11 +81,6 @@ def color_levels(row_81, vmax: float) -> np.ndarray:
     if vmax <= 0:
         return np.zeros(v.shape, dtype=np.int64)
     return np.clip(np.rint(v / vmax * (N_LEVELS - 1)), 0, N_LEVELS - 1).astype(np.int64)
-
-
-def cell_name(i: int) -> str:
-    """``r{row}c{col}`` (1-based) of cell ``i`` in 0..80."""
-    return f"r{i // 9 + 1}c{i % 9 + 1}"
 
 
 def mi_row_table(row_81, givens_81, vmax: float, cell: int | None = None, caption: str = "") -> str:

@@ -10,13 +10,14 @@ from scipy import stats
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 
-def _np(x) -> np.ndarray:
+def as_numpy(x) -> np.ndarray:
+    """A tensor (any device, detached) or array-like as a numpy array."""
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
 def masked_pairs(masked_L) -> tuple[np.ndarray, np.ndarray]:
     """Index arrays ``(i, j)`` with i < j of all pairs of masked positions (``masked_L``: ``[L]`` bool)."""
-    m = _np(masked_L).astype(bool)
+    m = as_numpy(masked_L).astype(bool)
     i, j = np.triu_indices(len(m), k=1)
     keep = m[i] & m[j]
     return i[keep], j[keep]
@@ -25,7 +26,7 @@ def masked_pairs(masked_L) -> tuple[np.ndarray, np.ndarray]:
 def pair_values(mat_LL, masked_L) -> np.ndarray:
     """Upper-triangle values of an ``[L, L]`` matrix over pairs of masked positions, ``[n_pairs]``."""
     i, j = masked_pairs(masked_L)
-    return _np(mat_LL)[i, j]
+    return as_numpy(mat_LL)[i, j]
 
 
 def graph_recovery(mi_LL, masked_L, graph_LL) -> dict:
@@ -63,7 +64,7 @@ def correlation(x, y) -> dict:
     Raises:
         ValueError: the arrays hold different numbers of values.
     """
-    x, y = _np(x).ravel().astype(float), _np(y).ravel().astype(float)
+    x, y = as_numpy(x).ravel().astype(float), as_numpy(y).ravel().astype(float)
     if len(x) != len(y):
         raise ValueError(f"arrays differ in length: {len(x)} vs {len(y)}")
     return {
@@ -99,7 +100,7 @@ def precision_at(scores_LL, contacts_LL, k: int, min_sep: int = 6, max_sep: int 
         ValueError: shapes differ or are not square; ``k < 1``; ``min_sep < 1``; NaN scores
             among the pairs; fewer than ``k`` eligible pairs.
     """
-    s, c = _np(scores_LL).astype(np.float64), _np(contacts_LL).astype(bool)
+    s, c = as_numpy(scores_LL).astype(np.float64), as_numpy(contacts_LL).astype(bool)
     if s.ndim != 2 or s.shape[0] != s.shape[1] or c.shape != s.shape:
         raise ValueError(f"scores and contacts must be the same [L, L] shape, got {s.shape} and {c.shape}")
     if k < 1:
@@ -111,7 +112,7 @@ def precision_at(scores_LL, contacts_LL, k: int, min_sep: int = 6, max_sep: int 
     if max_sep is not None:
         keep &= (j - i) < max_sep
     if evaluable_LL is not None:
-        e = _np(evaluable_LL).astype(bool)
+        e = as_numpy(evaluable_LL).astype(bool)
         if e.shape != s.shape:
             raise ValueError(f"evaluable must have shape {s.shape}, got {e.shape}")
         keep &= e[i, j]
@@ -132,7 +133,7 @@ def precision_at_L(scores_LL, contacts_LL, min_sep: int = 6, max_sep: int | None
     L is ``length`` if given (e.g. the number of residues with a structure), else the side of
     ``scores_LL``. Arguments otherwise as `precision_at`.
     """
-    L = int(length) if length is not None else _np(scores_LL).shape[0]
+    L = int(length) if length is not None else as_numpy(scores_LL).shape[0]
     return {("P@L" if d == 1 else f"P@L/{d}"): precision_at(scores_LL, contacts_LL, max(1, L // d), min_sep,
                                                             max_sep, evaluable_LL)
             for d in divisors}

@@ -3,17 +3,14 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 
-
-def _np(x):
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+from .metrics import as_numpy
 
 
 def plot_mi_matrix(mi_LL, ax=None, title: str = "", block: int | None = 9, vmax: float | None = None, cmap="viridis"):
     """Draw an ``[L, L]`` MI matrix (nats) as a heatmap; ``block`` draws grid lines every ``block`` positions."""
     ax = ax or plt.gca()
-    m = _np(mi_LL)
+    m = as_numpy(mi_LL)
     im = ax.imshow(m, cmap=cmap, vmin=0, vmax=vmax if vmax is not None else max(1e-9, float(m.max())),
                    interpolation="nearest")
     if block:
@@ -30,7 +27,7 @@ def plot_mi_matrix(mi_LL, ax=None, title: str = "", block: int | None = 9, vmax:
 def plot_cell_mi_grid(mi_row_81, grid_81, cell: int, ax=None, title: str = "", vmax: float | None = None):
     """A Sudoku grid coloured by the MI (nats) of every cell with ``cell``; givens are printed, ``cell`` is outlined."""
     ax = ax or plt.gca()
-    v = _np(mi_row_81).reshape(9, 9)
+    v = as_numpy(mi_row_81).reshape(9, 9)
     g = np.asarray(grid_81).reshape(9, 9)
     im = ax.imshow(v, cmap="magma", vmin=0, vmax=vmax if vmax is not None else max(1e-9, float(v.max())))
     for r in range(9):

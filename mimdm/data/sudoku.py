@@ -32,6 +32,8 @@ import numpy as np
 
 __all__ = [
     "SudokuError",
+    "TooManyCompletions",
+    "cell_name",
     "UNITS",
     "PEERS",
     "constraint_graph",
@@ -121,7 +123,8 @@ def constraint_graph() -> np.ndarray:
 
 # --------------------------------------------------------------------------- validation
 
-def _cell_name(i: int) -> str:
+def cell_name(i: int) -> str:
+    """``r{row}c{col}`` (1-based) of cell ``i`` in 0..80."""
     return f"r{i // 9 + 1}c{i % 9 + 1}"
 
 
@@ -262,7 +265,7 @@ def rule_violations(grid) -> list[str]:
             cells = seen[v]
             if len(cells) > 1:
                 times = _COUNT_WORDS.get(len(cells), f"{len(cells)} times")
-                names = ", ".join(_cell_name(i) for i in cells)
+                names = ", ".join(cell_name(i) for i in cells)
                 out.append(f"digit {v} appears {times} in {_unit_name(u)} (cells {names})")
     return out
 
