@@ -50,6 +50,10 @@ def atomic_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
+#: Messages of torch.load's RuntimeErrors that mean the file itself cannot be read.
+_UNREADABLE = ("PytorchStreamReader", "zip archive", "central directory", "invalid header", "archive is corrupted")
+
+
 def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> dict:
     """Load a checkpoint with ``weights_only=True`` onto ``device`` (checked by `mimdm.device.resolve_device`).
 
@@ -71,7 +75,10 @@ def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> dict:
     try:
         return torch.load(path, map_location=device, weights_only=True)
     except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
-        raise ValueError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+        msg = str(e).partition("\n")[0][:200]
+        if isinstance(e, RuntimeError) and not any(s in msg for s in _UNREADABLE):
+            raise  # e.g. CUDA out of memory while loading: the file is fine
+        raise ValueError(f"{path} is not a readable checkpoint ({type(e).__name__}: {msg or 'empty file'}); "
                          "it may be torn or truncated: delete it and train again") from e
 
 

@@ -52,7 +52,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from .heads import HeadTrainConfig, MIHead, MIHeadConfig, make_optimizer, mi_loss, save_head
-from .labels import LabelConfig, label_shard
+from .labels import LabelConfig, label_shard, shard_path
 from .artifacts import atomic_save
 from .models.base import MaskedModel
 
@@ -157,11 +157,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def shard_path(out_dir: Path, k: int) -> Path:
-    """``out_dir/shard_0000k.pt`` (the name `mimdm.labels.generate_labels` uses)."""
-    return Path(out_dir) / f"shard_{k:05d}.pt"
 
 
 def marker_path(out_dir: Path, k: int) -> Path:

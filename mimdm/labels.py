@@ -156,24 +156,26 @@ def run_shards(out_dir: Path, config: dict, n_shards: int, make_shard, desc: str
     config = json.loads(json.dumps(config))  # as stored (tuples become lists)
     manifest = json.loads(man_path.read_text()) if man_path.exists() else {"config": config, "shards": {}}
     if manifest["config"] != config:
-        raise ValueError(f"{out_dir} holds labels of another config; use a new folder (see label_dir)")
-    for k in [k for k in manifest["shards"] if not _shard_file(out_dir, int(k)).is_file()]:
+        raise ValueError(f"{out_dir} holds labels of another config; use a new folder")
+    for k in [k for k in manifest["shards"] if not shard_path(out_dir, int(k)).is_file()]:
         del manifest["shards"][k]
     todo = [k for k in range(n_shards) if str(k) not in manifest["shards"]]
     for done_now, k in enumerate(tqdm(todo, desc=desc, unit="shard", disable=not progress)):
         if max_new_shards is not None and done_now >= max_new_shards:
             break
         shard = make_shard(k)
-        atomic_save(shard, _shard_file(out_dir, k))
+        atomic_save(shard, shard_path(out_dir, k))
         manifest["shards"][str(k)] = {"n_contexts": int(shard["tokens"].shape[0]),
                                       "nfe": int(shard["nfe"].sum()), "seconds": float(shard["seconds"])}
+        manifest["shards"] = dict(sorted(manifest["shards"].items(), key=lambda kv: int(kv[0])))
         tmp = man_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(manifest, indent=1))
         tmp.replace(man_path)
     return out_dir
 
 
-def _shard_file(out_dir: Path, k: int) -> Path:
+def shard_path(out_dir: Path, k: int) -> Path:
+    """``out_dir/shard_0000k.pt``: the file of shard ``k`` of a label set."""
     return Path(out_dir) / f"shard_{k:05d}.pt"
 
 
@@ -196,11 +198,12 @@ def generate_labels(model: MaskedModel, cfg: LabelConfig, out_dir: Path, progres
 
 
 def is_complete(out_dir: Path, cfg: LabelConfig) -> bool:
-    """True when every shard of ``cfg`` is recorded in the manifest."""
+    """True when every shard of ``cfg`` is recorded in the manifest and its file exists."""
     man = Path(out_dir) / "manifest.json"
     if not man.exists():
         return False
-    return len(json.loads(man.read_text())["shards"]) == cfg.n_shards
+    done = json.loads(man.read_text())["shards"]
+    return len(done) == cfg.n_shards and all(shard_path(out_dir, int(k)).is_file() for k in done)
 
 
 def load_labels(out_dir: Path, split: str | None = None) -> dict:
@@ -220,11 +223,11 @@ def load_labels(out_dir: Path, split: str | None = None) -> dict:
     shards = sorted(int(k) for k in json.loads(man.read_text())["shards"])
     if not shards:
         raise FileNotFoundError(f"the label set at {out_dir} holds no finished shard: generate it first")
-    missing = [str(_shard_file(out_dir, k)) for k in shards if not _shard_file(out_dir, k).is_file()]
+    missing = [str(shard_path(out_dir, k)) for k in shards if not shard_path(out_dir, k).is_file()]
     if missing:
         raise FileNotFoundError(f"{len(missing)} shard files listed in {man} are missing (e.g. {missing[0]}); "
                                 "run the label generation again to recompute them")
-    parts = [torch.load(_shard_file(out_dir, k), weights_only=True) for k in shards]
+    parts = [torch.load(shard_path(out_dir, k), weights_only=True) for k in shards]
     out = {}
     for key in parts[0]:
         if key == "seconds":

@@ -146,6 +146,15 @@ def test_nll_of_complete_grids(trained, capsys):
     assert [r["grid"] for r in res["results"]] == strings
     for r in res["results"]:
         assert r["nfe"] == 4 and r["nll_nats"] > 0 and r["stderr_nats"] >= 0 and r["valid"]
+    # the library's estimator with its default (uniform) mask sizes, same seed: the same numbers
+    import torch
+    from mimdm.likelihood import time_free_nll
+    from mimdm.models.zoo import grids_to_tokens
+
+    assert res["sizes"] == "uniform" and res["seed"] == 0
+    model, _ = cli._load_sudoku(PROFILES["smoke"], torch.device("cpu"))
+    est = time_free_nll(model, grids_to_tokens(grids), n_samples=4, seed=0)
+    assert [r["nll_nats"] for r in res["results"]] == pytest.approx(est.value.tolist(), rel=1e-9)
     code, out, _ = run(["nll", "--profile", "smoke", "--samples", "4", strings[0]], capsys)
     assert code == 0 and "nats" in out and "NFE 4 forward passes" in out
     code, _, err = run(["nll", "--profile", "smoke", PUZZLE], capsys)

@@ -6,7 +6,7 @@ import torch
 
 from mimdm.heads import (HeadTrainConfig, MIHead, MIHeadConfig, head_inputs, load_head, mi_loss, predict_mi,
                          save_head, train_head)
-from mimdm.labels import LabelConfig, generate_labels, load_labels, split_of
+from mimdm.labels import LabelConfig, generate_labels, is_complete, load_labels, split_of
 from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
 
 TINY = SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)
@@ -185,6 +185,7 @@ def test_label_generation_resumes_with_identical_output(tmp_path):
         load_labels(tmp_path / "none")
     # a shard file lost after its manifest entry: loading names it, generating again recomputes it
     (tmp_path / "b" / "shard_00001.pt").unlink()
+    assert not is_complete(tmp_path / "b", cfg) and is_complete(tmp_path / "a", cfg)
     with pytest.raises(FileNotFoundError, match="1 shard files listed in .* are missing .*shard_00001.pt"):
         load_labels(tmp_path / "b")
     generate_labels(model, cfg, tmp_path / "b", progress=False)

@@ -171,6 +171,9 @@ def test_missing_checkpoint_error(tmp_path):
     torn.write_bytes(torn.read_bytes()[:300])  # an interrupted copy
     with pytest.raises(ValueError, match="torn.pt is not a readable checkpoint .* delete it and train again"):
         load_checkpoint(torn)
+    torn.write_bytes(b"")
+    with pytest.raises(ValueError, match="torn.pt is not a readable checkpoint"):
+        load_checkpoint(torn)
     with pytest.raises(ValueError, match="not a device"):
         load_checkpoint(torn, device="gpu0")
     cfg = TrainConfig(steps=3)
