@@ -1,6 +1,6 @@
 import json
-
 import math
+
 import numpy as np
 import pytest
 import torch
