@@ -36,7 +36,7 @@ def prepare_artifacts(profile: str, device: str = "cpu", progress: bool = True) 
           f"{rec['eval']['solve_rate']:.3f} on {rec['eval']['n_puzzles']} puzzles -> {rec['path']}", flush=True)
     prep = mi_head.prepare(p, model, rec["path"], progress=progress)
     print(f"[mimdm] MI labels -> {prep['labels']}; MI head ({prep['head'].n_parameters():,} parameters) "
-          f"and {len(prep['ablations'])} ablation heads ready", flush=True)
+          f"and ablations ({len(prep['ablations'])} settings) ready", flush=True)
     from .experiments import protein
     from .models.protein_zoo import FamilySpec
 

@@ -174,7 +174,7 @@ def _train_sudoku(p, dev, heads: bool, ablations: bool, progress: bool) -> None:
     if heads:
         prep = mi_head.prepare(p, model, rec["path"], progress=progress, ablations=ablations)
         _log(f"MI labels ({_manifest_summary(prep['labels'], p.labels.n_shards)}) -> {prep['labels']}")
-        _log(f"MI head ({prep['head'].n_parameters():,} parameters) and {len(prep['ablations'])} ablation heads ready")
+        _log(f"MI head ({prep['head'].n_parameters():,} parameters) and ablations ({len(prep['ablations'])} settings) ready")
 
 
 def _train_protein(p, dev, heads: bool, progress: bool) -> None:
