@@ -202,7 +202,9 @@ class MIGuided(Rule):
 
     Args:
         mi_fn: ``(info, model) -> (MI [B, L, L] nats, extra passes dict)``; see `head_mi_fn`,
-            `oracle_mi_fn` and `zero_mi_fn`.
+            `oracle_mi_fn` and `zero_mi_fn`. An ``mi_fn`` with ``takes_candidates = True`` is
+            called with ``candidates=`` ``[B, L]`` bool, the positions the rule can admit this step,
+            and needs to give MI only between those (`head_mi_fn` does: a cheaper head pass).
         eps: largest MI (nats) a candidate may have with any chosen position.
         budget: largest summed MI (nats) over the chosen set's pairs.
         entropy_cap: largest entropy (nats) of an admitted candidate after the first.
@@ -233,13 +235,19 @@ class MIGuided(Rule):
         return dict(self._cost)
 
     def select(self, info, model):
-        mi, extra = self.mi_fn(info, model)
-        for k, v in extra.items():
-            self._cost[k] += v
         B, L = info.masked.shape
         ent = info.entropy.masked_fill(~info.masked, float("inf"))
         order = ent.argsort(1)  # masked positions first, by increasing entropy
         rows = torch.arange(B, device=ent.device)
+        if getattr(self.mi_fn, "takes_candidates", False):
+            # only positions the rule can admit need MI: the first visited and those within the cap
+            cand = info.masked & (ent <= self.entropy_cap)
+            cand[rows, order[:, 0]] = True
+            mi, extra = self.mi_fn(info, model, candidates=cand)
+        else:
+            mi, extra = self.mi_fn(info, model)
+        for k, v in extra.items():
+            self._cost[k] += v
         sel = torch.zeros_like(info.masked)
         total = torch.zeros(B, dtype=mi.dtype, device=mi.device)
         # greedy admission, vectorised over the batch: visit the k-th lowest-entropy candidate of
@@ -260,15 +268,19 @@ class MIGuided(Rule):
 def head_mi_fn(head, layer: int = -1):
     """MI source for `MIGuided` from an MI head on the step's hidden states (one head pass per step).
 
-    The hidden states must be those of ``layer`` (the loop passes the layer to the model).
+    The hidden states must be those of ``layer`` (the loop passes the layer to the model). `MIGuided`
+    passes the positions it can admit (``candidates``: the lowest-entropy masked position and those
+    within the entropy cap), and the head evaluates only the pairs it needs for MI between them
+    (`mimdm.heads.MIHead.forward`); the decisions are those of the full MI matrix.
     """
 
-    def fn(info: StepInfo, model: MaskedModel):
+    def fn(info: StepInfo, model: MaskedModel, candidates=None):
         with torch.no_grad():
-            mi = head(info.hidden, info.masked, info.entropy)
+            mi = head(info.hidden, info.masked, info.entropy, candidates_BL=candidates)
         return mi, {"head_passes": int(info.masked.shape[0])}  # one head pass per unfinished sequence
 
     fn.layer = layer
+    fn.takes_candidates = True
     return fn
 
 

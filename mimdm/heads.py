@@ -37,6 +37,11 @@ component's contribution on the cpu Sudoku labels is measured in the chapter "Es
 accuracy" (ablations at equal epochs): position pairs carry most of the gain over a_i ⊙ a_j
 alone, the two-hop update and the mean bound add a little each.
 
+Decoding needs MI only between the positions a rule can admit (`mimdm.decoding.MIGuided` with an
+entropy cap: a few per step); given those ``candidates`` the pair network runs on the pairs with a
+candidate end and returns the same values between candidates (`MIHead.forward`), several times
+cheaper than the full matrix.
+
 Length: the two-hop sum runs over the masked positions and is scaled by 1/√L, so its magnitude
 grows with the number of masked positions; a head trained on crops of one length (proteins) and
 applied to longer sequences sees larger two-hop inputs than in training.
@@ -131,16 +136,24 @@ class MIHead(nn.Module):
         """Number of trainable parameters."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, hidden_BLD: Tensor, masked_BL: Tensor, entropy_BL: Tensor | None = None) -> Tensor:
+    def forward(self, hidden_BLD: Tensor, masked_BL: Tensor, entropy_BL: Tensor | None = None,
+                candidates_BL: Tensor | None = None) -> Tensor:
         """Predicted MI in nats.
 
         Args:
             hidden_BLD: ``[B, L, D]`` hidden states of the MDM layer the head was trained on.
             masked_BL: ``[B, L]`` bool, the masked positions.
             entropy_BL: ``[B, L]`` marginal entropies (nats); required unless ``bound="none"``.
+            candidates_BL: optional ``[B, L]`` bool: only the MI between masked candidates is wanted
+                (a decoding rule that can admit only these positions, `mimdm.decoding.MIGuided`). The
+                pair network then runs on the pairs with a candidate end (all masked pairs when
+                ``tri_rounds`` > 1) instead of all masked pairs: the same values between candidates
+                (the two-hop sum over every masked k still runs), zero elsewhere. With |C| candidates
+                among |M| masked positions this costs ~|C|·|M| pair evaluations instead of |M|²/2.
 
         Returns:
-            ``[B, L, L]`` float32, symmetric, ≥ 0, zero on the diagonal and at unmasked positions.
+            ``[B, L, L]`` float32, symmetric, ≥ 0, zero on the diagonal and at unmasked positions (and,
+            with ``candidates_BL``, off candidate pairs).
 
         Raises:
             ValueError: ``entropy_BL`` missing, L > ``max_len``, or shapes disagree.
@@ -158,9 +171,19 @@ class MIHead(nn.Module):
             raise ValueError("this head bounds MI by the marginal entropies: pass entropy_BL")
         if entropy_BL is not None and entropy_BL.shape != (B, L):
             raise ValueError(f"entropy must have shape {(B, L)}, got {tuple(entropy_BL.shape)}")
+        if candidates_BL is not None and candidates_BL.shape != (B, L):
+            raise ValueError(f"candidates must have shape {(B, L)}, got {tuple(candidates_BL.shape)}")
         dev = hidden_BLD.device
         masked_BL = masked_BL.to(dev)
         pairs = masked_BL[:, :, None] & masked_BL[:, None, :] & torch.ones(L, L, dtype=torch.bool, device=dev).triu(1)
+        keep = None  # [B, L, L]: the pairs whose value is returned (None: all masked pairs)
+        if candidates_BL is not None:
+            cand = candidates_BL.to(dev) & masked_BL
+            keep = cand[:, :, None] & cand[:, None, :]
+            if len(self.tri) == 0:
+                pairs = pairs & keep
+            elif len(self.tri) == 1:  # the two-hop sum for a candidate pair (i, j) reads rows i and j: pairs with a candidate end
+                pairs = pairs & (cand[:, :, None] | cand[:, None, :])
         bi, ii, jj = pairs.nonzero(as_tuple=True)
         out = torch.zeros(B, L, L, device=dev)
         if len(bi) == 0:
@@ -177,8 +200,17 @@ class MIHead(nn.Module):
         for r in self.tri:
             msg = r["msg"](h)
             M = torch.zeros(B, L, L, msg.shape[-1], device=dev, dtype=msg.dtype).index_put((bi, ii, jj), msg)
-            M = (M + M.transpose(1, 2)).permute(0, 3, 1, 2)  # [B, c, L, L], symmetric, zero off masked pairs
-            t = (M @ M)[bi, :, ii, jj] / math.sqrt(L)
+            M = M + M.transpose(1, 2)  # [B, L, L, c], symmetric, zero off the evaluated pairs
+            sel = keep[bi, ii, jj] if keep is not None and len(self.tri) == 1 else None
+            if sel is not None and int(sel.sum()) <= B * L:
+                # only candidate pairs are returned and they are few (at most L per sequence on average):
+                # from here on evaluate those alone, their two-hop sums as row dot products instead of
+                # the dense [L, L] product
+                h, bi, ii, jj = h[sel], bi[sel], ii[sel], jj[sel]
+                t = (M[bi, ii] * M[bi, jj]).sum(1) / math.sqrt(L)
+            else:
+                Mc = M.permute(0, 3, 1, 2)  # [B, c, L, L]
+                t = (Mc @ Mc)[bi, :, ii, jj] / math.sqrt(L)
             h = h + F.gelu(r["upd"](torch.cat([h, t], -1)))
         s = self.out(h).squeeze(-1).float()
         if c.bound == "none":
@@ -189,7 +221,8 @@ class MIHead(nn.Module):
             bnd = {"min": torch.minimum(ei, ej), "mean": (ei + ej) / 2, "max": torch.maximum(ei, ej)}[c.bound]
             mi = bnd * torch.sigmoid(s)
         out = out.index_put((bi, ii, jj), mi)
-        return out + out.transpose(1, 2)
+        out = out + out.transpose(1, 2)
+        return out if keep is None else out * keep
 
 
 @torch.no_grad()

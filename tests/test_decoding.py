@@ -7,7 +7,7 @@ import torch
 from mimdm.data import sudoku as sd
 from mimdm.decoding import (EBSampler, MIGuided, Sequential, Threshold, TopK, decode, head_mi_fn, oracle_mi_fn,
                             zero_mi_fn)
-from mimdm.heads import MIHead, MIHeadConfig
+from mimdm.heads import MIHead, MIHeadConfig, head_inputs
 from mimdm.models.oracle import TableJointMDM, potts_chain_log_joint
 from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
 from mimdm.models.zoo import grids_to_tokens
@@ -67,6 +67,31 @@ def test_mi_guided_limits(tiny, puzzles):
     zero = decode(tiny, puzzles, MIGuided(head_mi_fn(head), eps=0.0))
     assert torch.equal(zero.nfe, (puzzles == 9).sum(1))  # positive MI everywhere: sequential
     assert zero.extra_passes["head_passes"] == int(zero.nfe.sum())
+
+
+@pytest.mark.parametrize("cap", [0.5, 1.5, math.inf])
+def test_mi_guided_head_on_candidates_decides_as_the_full_mi_matrix(tiny, puzzles, cap):
+    torch.manual_seed(0)
+    head = MIHead(MIHeadConfig(32, d_hidden=16, rank=8)).eval()
+    f = head_mi_fn(head)
+    assert f.takes_candidates
+
+    def full(info, model):  # the same head, asked for the whole matrix
+        return f(info, model)
+
+    full.layer = f.layer
+    x = puzzles.clone()
+    x[:, :40] = 9  # more masked cells: several candidates per step
+    with torch.no_grad():
+        mi = head(*head_inputs(tiny, x))
+    eps = float(mi[mi > 0].median())  # MI decides some admissions
+    a = decode(tiny, x, MIGuided(f, eps=eps, entropy_cap=cap))
+    b = decode(tiny, x, MIGuided(full, eps=eps, entropy_cap=cap))
+    _check(a, x)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.step_of, b.step_of) and torch.equal(a.nfe, b.nfe)
+    assert a.extra_passes == b.extra_passes
+    if math.isinf(cap):
+        assert (a.nfe > 1).all() and (a.nfe < (x == 9).sum(1)).all()  # ε admits some cells together, not all
 
 
 def test_mi_guided_oracle_on_exact_model_unmasks_independent_positions_together():

@@ -251,3 +251,23 @@ def test_sparse_pairs_equal_a_dense_reference_and_every_parameter_learns():
         head.zero_grad()
         head(h, m, ent).sum().backward()
         assert all(p.grad is not None for p in head.parameters())
+
+
+@pytest.mark.parametrize("rounds,positions", [(0, "absolute"), (1, "absolute"), (1, "relative"), (2, "absolute")])
+def test_candidate_pairs_equal_the_full_matrix_there_and_zero_elsewhere(rounds, positions):
+    torch.manual_seed(2)
+    head = MIHead(MIHeadConfig(16, d_hidden=8, rank=4, max_len=12, pos_dim=4, positions=positions,
+                               tri_channels=3 if rounds else 0, tri_rounds=max(rounds, 1))).eval()
+    h = torch.randn(4, 12, 16)
+    masked = torch.rand(4, 12) < 0.8
+    ent = torch.rand(4, 12) * masked
+    cand = torch.rand(4, 12) < 0.3
+    cand[3] = True  # every position a candidate: the full matrix
+    keep = (cand & masked)[:, :, None] & (cand & masked)[:, None, :]
+    with torch.no_grad():
+        full, sub = head(h, masked, ent), head(h, masked, ent, candidates_BL=cand)
+    assert keep[:3].sum() > 4 and (full * keep).abs().sum() > 0
+    assert torch.allclose(sub, full * keep, atol=1e-6)
+    assert torch.allclose(sub[3], full[3], atol=1e-6)
+    with pytest.raises(ValueError, match="candidates must have shape"):
+        head(h, masked, ent, candidates_BL=cand[:, :5])
