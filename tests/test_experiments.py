@@ -115,6 +115,26 @@ def test_pareto_front_oracle_gap_and_capped_rules():
         sp.rule_grid(head=object(), knobs={"MI-guided": [0.01]})
 
 
+def test_rate_interval_is_the_wilson_interval_and_generation_grid_is_a_subset():
+    import math
+
+    from mimdm.experiments import speedup as sp
+
+    # Wilson interval by its closed form: (p + z²/2n ± z·sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)
+    p, n, z = 0.345, 200, 1.959963984540054
+    c, h = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    lo, hi = sp.rate_interval(p, n)
+    assert lo == pytest.approx((c - h) / (1 + z * z / n), abs=1e-9) and hi == pytest.approx((c + h) / (1 + z * z / n), abs=1e-9)
+    assert sp.rate_interval(0.0, 10)[0] == 0.0 and sp.rate_interval(1.0, 10)[1] == pytest.approx(1.0)
+    for bad in [(0.5, 0), (1.5, 10), (-0.1, 10)]:
+        with pytest.raises(ValueError, match="must be"):
+            sp.rate_interval(*bad)
+    with pytest.raises(ValueError, match="confidence"):
+        sp.rate_interval(0.5, 10, confidence=1.0)
+    assert set(sp.GENERATION_MI_SETTINGS) <= set(sp.MI_SETTINGS)
+    assert [e for e, c in sp.GENERATION_MI_SETTINGS if math.isinf(c)] == [e for e, c in sp.MI_SETTINGS if math.isinf(c)]
+
+
 def test_entropy_cap_control_costs_no_head_pass_and_equals_the_capped_rule_without_mi():
     import math
 
