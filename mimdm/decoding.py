@@ -271,7 +271,8 @@ def head_mi_fn(head, layer: int = -1):
     The hidden states must be those of ``layer`` (the loop passes the layer to the model). `MIGuided`
     passes the positions it can admit (``candidates``: the lowest-entropy masked position and those
     within the entropy cap), and the head evaluates only the pairs it needs for MI between them
-    (`mimdm.heads.MIHead.forward`); the decisions are those of the full MI matrix.
+    (`mimdm.heads.MIHead.forward`); the decisions are those of the full MI matrix up to float
+    rounding (a value within ~1e-8 nats of ``eps`` or the budget could fall the other way).
     """
 
     def fn(info: StepInfo, model: MaskedModel, candidates=None):

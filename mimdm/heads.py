@@ -39,8 +39,8 @@ alone, the two-hop update and the mean bound add a little each.
 
 Decoding needs MI only between the positions a rule can admit (`mimdm.decoding.MIGuided` with an
 entropy cap: a few per step); given those ``candidates`` the pair network runs on the pairs with a
-candidate end and returns the same values between candidates (`MIHead.forward`), several times
-cheaper than the full matrix.
+candidate end and returns the same values between candidates, up to float rounding (`MIHead.forward`),
+several times cheaper than the full matrix.
 
 Length: the two-hop sum runs over the masked positions and is scaled by 1/√L, so its magnitude
 grows with the number of masked positions; a head trained on crops of one length (proteins) and
@@ -147,8 +147,9 @@ class MIHead(nn.Module):
             candidates_BL: optional ``[B, L]`` bool: only the MI between masked candidates is wanted
                 (a decoding rule that can admit only these positions, `mimdm.decoding.MIGuided`). The
                 pair network then runs on the pairs with a candidate end (all masked pairs when
-                ``tri_rounds`` > 1) instead of all masked pairs: the same values between candidates
-                (the two-hop sum over every masked k still runs), zero elsewhere. With |C| candidates
+                ``tri_rounds`` > 1) instead of all masked pairs: the same values between candidates up
+                to float rounding (the two-hop sum over every masked k still runs), zero elsewhere
+                (and everywhere in a sequence with fewer than two candidates). With |C| candidates
                 among |M| masked positions this costs ~|C|·|M| pair evaluations instead of |M|²/2.
 
         Returns:
@@ -178,7 +179,8 @@ class MIHead(nn.Module):
         pairs = masked_BL[:, :, None] & masked_BL[:, None, :] & torch.ones(L, L, dtype=torch.bool, device=dev).triu(1)
         keep = None  # [B, L, L]: the pairs whose value is returned (None: all masked pairs)
         if candidates_BL is not None:
-            cand = candidates_BL.to(dev) & masked_BL
+            cand = candidates_BL.to(dev, torch.bool) & masked_BL
+            cand = cand & (cand.sum(1, keepdim=True) >= 2)  # a lone candidate has no pair to ask about
             keep = cand[:, :, None] & cand[:, None, :]
             if len(self.tri) == 0:
                 pairs = pairs & keep

@@ -253,21 +253,38 @@ def test_sparse_pairs_equal_a_dense_reference_and_every_parameter_learns():
         assert all(p.grad is not None for p in head.parameters())
 
 
+@pytest.mark.parametrize("all_row", [False, True])  # few candidate pairs (row dot products) / many (dense product)
 @pytest.mark.parametrize("rounds,positions", [(0, "absolute"), (1, "absolute"), (1, "relative"), (2, "absolute")])
-def test_candidate_pairs_equal_the_full_matrix_there_and_zero_elsewhere(rounds, positions):
+def test_candidate_pairs_equal_the_full_matrix_there_and_zero_elsewhere(rounds, positions, all_row):
     torch.manual_seed(2)
     head = MIHead(MIHeadConfig(16, d_hidden=8, rank=4, max_len=12, pos_dim=4, positions=positions,
                                tri_channels=3 if rounds else 0, tri_rounds=max(rounds, 1))).eval()
+    with torch.no_grad():  # weights large enough that the two-hop term moves the output well beyond the tolerance
+        for p in head.parameters():
+            p.mul_(3)
+        head.out[-1].bias.zero_()
     h = torch.randn(4, 12, 16)
     masked = torch.rand(4, 12) < 0.8
     ent = torch.rand(4, 12) * masked
-    cand = torch.rand(4, 12) < 0.3
-    cand[3] = True  # every position a candidate: the full matrix
+    cand = torch.rand(4, 12) < 0.35
+    cand[0] = False
+    cand[0, 0] = True  # a lone candidate: nothing to return
+    if all_row:
+        cand[3] = True  # every position a candidate: the full matrix
     keep = (cand & masked)[:, :, None] & (cand & masked)[:, None, :]
+    keep[0] = False
     with torch.no_grad():
-        full, sub = head(h, masked, ent), head(h, masked, ent, candidates_BL=cand)
-    assert keep[:3].sum() > 4 and (full * keep).abs().sum() > 0
-    assert torch.allclose(sub, full * keep, atol=1e-6)
-    assert torch.allclose(sub[3], full[3], atol=1e-6)
+        full, sub = head(h, masked, ent), head(h, masked, ent, candidates_BL=cand.long())
+        if rounds == 1:  # the two-hop term matters here: without it the values differ
+            head.tri[0]["msg"].weight.zero_(), head.tri[0]["msg"].bias.zero_()
+            no_hop = head(h, masked, ent)
+            assert not torch.allclose(no_hop * keep, full * keep, rtol=1e-3, atol=1e-6)
+    n_pairs = int(keep.triu(1).sum())
+    assert (n_pairs > 4 * 12) == all_row  # which two-hop path ran (threshold B·L)
+    assert (full * keep).abs().sum() > 0
+    assert torch.allclose(sub, full * keep, rtol=1e-5, atol=1e-7)
+    assert not sub[0].any()
+    if all_row:
+        assert torch.allclose(sub[3], full[3], rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="candidates must have shape"):
         head(h, masked, ent, candidates_BL=cand[:, :5])

@@ -63,8 +63,9 @@ GENERATION_MI_SETTINGS = [(0.01, c) for c in (0.1, 0.3, 1.0)] + [(e, math.inf) f
 """(ε, entropy cap) grid of the MI-guided sweep in generation (chapter 5), a subset of `MI_SETTINGS`.
 
 In generation from near-empty grids every capped setting of `MI_SETTINGS` takes 45-65 passes and the
-three ε at one cap land within a pass of each other (cpu run of chapter 5), so one ε per cap traces
-the capped frontier; the uncapped settings, where MI does the work, are all kept. It keeps the
+three ε at one cap land within a pass of each other (cpu run of chapter 5), so one ε (0.01) at three of
+the six caps (0.1, 0.3, 1.0) traces the capped frontier; the uncapped settings, where MI does the
+work, are all kept. It keeps the
 chapter within the main job's time (each capped setting costs ~45 s of 2-core CPU).
 """
 
