@@ -240,9 +240,9 @@ class MIGuided(Rule):
         order = ent.argsort(1)  # masked positions first, by increasing entropy
         rows = torch.arange(B, device=ent.device)
         if getattr(self.mi_fn, "takes_candidates", False):
-            # only positions the rule can admit need MI: the first visited and those within the cap
+            # MI is read only between admitted positions; after the first, only those within the cap are
+            # admitted, and the first (lowest entropy) is within the cap whenever any other is
             cand = info.masked & (ent <= self.entropy_cap)
-            cand[rows, order[:, 0]] = True
             mi, extra = self.mi_fn(info, model, candidates=cand)
         else:
             mi, extra = self.mi_fn(info, model)
