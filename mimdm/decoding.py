@@ -301,14 +301,22 @@ def zero_mi_fn():
 
 
 def oracle_mi_fn(delta: float = 0.0, batch_tokens: int = 81 * 512):
-    """MI source for `MIGuided` from ground-truth probing at every step (its passes counted separately)."""
+    """MI source for `MIGuided` from ground-truth probing at every step (its passes counted separately).
+
+    `MIGuided` passes the positions it can admit (``candidates``); only those are probed
+    (`mimdm.probing.probe_mi` with ``positions_BL``), which gives the same MI between them as probing
+    every masked position, for 1 + Σ_{j in candidates} (values probed at j) passes per sequence and
+    step instead of 1 + Σ_{j masked}. Without a candidate set, every masked position is probed.
+    ``delta`` and ``batch_tokens`` are those of `probe_mi`.
+    """
     from .probing import probe_mi
 
-    def fn(info: StepInfo, model: MaskedModel):
-        res = probe_mi(model, info.tokens, delta=delta, batch_tokens=batch_tokens)
+    def fn(info: StepInfo, model: MaskedModel, candidates=None):
+        res = probe_mi(model, info.tokens, delta=delta, batch_tokens=batch_tokens, positions_BL=candidates)
         return res.mi.float(), {"probe_passes": int(res.nfe.sum())}
 
     fn.layer = -1
+    fn.takes_candidates = True
     return fn
 
 

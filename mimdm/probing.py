@@ -74,7 +74,8 @@ def _sync(device: torch.device) -> None:
 
 
 @torch.no_grad()
-def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_tokens: int | str = 81 * 512) -> ProbeResult:
+def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_tokens: int | str = 81 * 512,
+             positions_BL: Tensor | None = None) -> ProbeResult:
     """Ground-truth pairwise conditional MI between the masked positions of each context.
 
     Args:
@@ -85,12 +86,20 @@ def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_to
         batch_tokens: memory budget of one forward pass, in tokens (rows per pass =
             ``max(1, batch_tokens // L)``). Probes of several contexts share passes. ``"auto"``:
             from free GPU memory on CUDA (`mimdm.device.auto_batch_tokens`), 512 rows on the CPU.
+        positions_BL: optional ``[B, L]`` (or ``[L]``) bool, a subset of the masked positions: only
+            these are probed and read, so MI is computed between them alone (the other masked
+            positions stay masked in every probe, so the values are the same as in the full
+            probe) and is 0 in the rows and columns of every other position; ``n_values`` counts
+            only these. Costs 1 + Σ_{j in subset} n_values[j] passes instead of 1 + Σ_{j in M}.
+            `mimdm.decoding.oracle_mi_fn` passes a decoding step's candidates here.
 
     Returns:
-        `ProbeResult` (MI in nats, NFE per context, seconds).
+        `ProbeResult` (MI in nats, NFE per context, seconds). ``marginals``, ``entropy`` and
+        ``masked`` cover every masked position whether or not ``positions_BL`` is given.
 
     Raises:
-        ValueError: ``delta`` outside [0, 1), ``batch_tokens < 1`` or not ``"auto"``; and whatever
+        ValueError: ``delta`` outside [0, 1), ``batch_tokens < 1`` or not ``"auto"``; ``positions_BL``
+            of another shape than ``tokens_BL`` or holding an unmasked position; and whatever
             `MaskedModel.check_tokens` raises (bad shape, ids, length, device).
     """
     if not 0 <= delta < 1:
@@ -99,7 +108,18 @@ def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_to
         raise ValueError(f"batch_tokens must be >= 1 or 'auto', got {batch_tokens!r}")
     if tokens_BL.dim() == 1:
         tokens_BL = tokens_BL[None]
+        positions_BL = None if positions_BL is None else positions_BL[None]
     model.check_tokens(tokens_BL)
+    if positions_BL is not None:
+        if positions_BL.shape != tokens_BL.shape:
+            raise ValueError(f"positions_BL has shape {tuple(positions_BL.shape)}, tokens_BL {tuple(tokens_BL.shape)}; "
+                             "they must match")
+        positions_BL = positions_BL.to(device=tokens_BL.device, dtype=torch.bool)
+        bad = positions_BL & ~model.is_masked(tokens_BL)
+        if bad.any():
+            b, i = (int(v) for v in torch.nonzero(bad)[0])
+            raise ValueError(f"positions_BL selects position {i} of context {b}, which is not masked: only masked "
+                             "positions can be probed")
     if batch_tokens == "auto":
         from .device import auto_batch_tokens
 
@@ -107,12 +127,12 @@ def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_to
     was_training = model.training
     model.eval()
     try:
-        return _probe(model, tokens_BL, delta, max(1, batch_tokens // tokens_BL.shape[1]))
+        return _probe(model, tokens_BL, delta, max(1, batch_tokens // tokens_BL.shape[1]), positions_BL)
     finally:
         model.train(was_training)
 
 
-def _probe(model: MaskedModel, tokens_BL: Tensor, delta: float, rows: int) -> ProbeResult:
+def _probe(model: MaskedModel, tokens_BL: Tensor, delta: float, rows: int, positions_BL: Tensor | None = None) -> ProbeResult:
     dev = tokens_BL.device
     _sync(dev)
     t0 = time.perf_counter()
@@ -124,10 +144,11 @@ def _probe(model: MaskedModel, tokens_BL: Tensor, delta: float, rows: int) -> Pr
     if torch.isnan(marg).any():
         raise ValueError("the model gave NaN probabilities (a position with no legal value?)")
 
-    # probes of each context: (j, v) for every masked j and kept value v
+    # probes of each context: (j, v) for every probed masked j and kept value v
+    probed = masked if positions_BL is None else positions_BL
     meta = []
     for b in range(B):
-        M = torch.nonzero(masked[b]).squeeze(1)
+        M = torch.nonzero(probed[b]).squeeze(1)
         keep = _kept_values(marg[b, M], delta)  # [m, V]
         jj, vv = torch.nonzero(keep, as_tuple=True)
         meta.append((M, keep, jj, vv))

@@ -112,6 +112,29 @@ def test_mi_guided_oracle_on_exact_model_unmasks_independent_positions_together(
     assert out.tokens[0, 0] == out.tokens[0, 1]
 
 
+@pytest.mark.parametrize("cap", [1.0, math.inf])
+def test_mi_oracle_probes_only_candidates_and_decides_as_probing_every_masked_position(cap):
+    """A Potts chain (exact MI): the oracle given the step's candidates probes only those, and decodes exactly
+    as the oracle that probes every masked position; with a cap it needs fewer probing passes."""
+    model = TableJointMDM.from_table(potts_chain_log_joint(7, 3, coupling=1.5, generator=torch.Generator().manual_seed(2)))
+    f = oracle_mi_fn()
+    assert f.takes_candidates
+
+    def full(info, m):  # the same oracle, probing every masked position
+        return f(info, m)
+
+    full.layer = f.layer
+    x = torch.full((12, 7), model.mask_id)
+    a = decode(model, x, MIGuided(f, eps=0.02, entropy_cap=cap), temperature=1.0, seed=3)
+    b = decode(model, x, MIGuided(full, eps=0.02, entropy_cap=cap), temperature=1.0, seed=3)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.step_of, b.step_of) and torch.equal(a.nfe, b.nfe)
+    assert (a.nfe > 1).any() and (a.nfe < 7).any()  # MI and cap both shape the steps
+    if math.isinf(cap):
+        assert a.extra_passes == b.extra_passes  # every masked position is a candidate
+    else:
+        assert a.extra_passes["probe_passes"] < b.extra_passes["probe_passes"]
+
+
 def test_same_seed_same_result_and_temperature_sampling(tiny, puzzles):
     a = decode(tiny, puzzles, EBSampler(0.3), temperature=1.0, seed=7)
     b = decode(tiny, puzzles, EBSampler(0.3), temperature=1.0, seed=7)

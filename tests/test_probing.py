@@ -37,6 +37,26 @@ def test_probing_equals_exact_conditional_mi_on_oracle(potts):
     assert res.mi.max() > 0.05  # the check is not vacuous: real dependence is present
 
 
+def test_probing_a_subset_gives_the_same_mi_between_its_positions_for_fewer_passes(potts):
+    x = _contexts(potts, 16, 3)
+    full = probe_mi(potts, x)
+    sub = full.masked & (torch.rand(x.shape, generator=torch.Generator().manual_seed(4)) < 0.6)
+    res = probe_mi(potts, x, positions_BL=sub)
+    pair = sub[:, :, None] & sub[:, None, :]
+    assert full.mi[pair].max() > 0.05  # real dependence between the kept positions
+    assert torch.allclose(res.mi[pair], full.mi[pair], rtol=0, atol=1e-12)
+    assert (res.mi[~pair] == 0).all()  # nothing read outside the subset
+    assert torch.equal(res.n_values, full.n_values * sub)
+    assert torch.equal(res.nfe, 1 + res.n_values.sum(1)) and (res.nfe < full.nfe).any()
+    assert torch.equal(res.entropy, full.entropy) and torch.equal(res.masked, full.masked)
+    one = probe_mi(potts, x[0], positions_BL=sub[0])  # a single context as [L]
+    assert torch.allclose(one.mi[0], res.mi[0], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="not masked"):
+        probe_mi(potts, x, positions_BL=sub | ~full.masked)
+    with pytest.raises(ValueError, match="must match"):
+        probe_mi(potts, x, positions_BL=sub[:, :3])
+
+
 def test_exact_mi_closed_form_for_two_copies():
     """X1 = X2 uniform over V values and independent X3: I(X1;X2) = ln V, others 0."""
     V = 4
