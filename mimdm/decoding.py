@@ -19,6 +19,7 @@ Rules (`Rule` subclasses), with their sources:
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -203,8 +204,10 @@ class MIGuided(Rule):
     Args:
         mi_fn: ``(info, model) -> (MI [B, L, L] nats, extra passes dict)``; see `head_mi_fn`,
             `oracle_mi_fn` and `zero_mi_fn`. An ``mi_fn`` with ``takes_candidates = True`` is
-            called with ``candidates=`` ``[B, L]`` bool, the positions the rule can admit this step,
-            and needs to give MI only between those (`head_mi_fn` does: a cheaper head pass).
+            called with ``candidates=`` ``[B, L]`` bool, the masked positions within the entropy
+            cap (the only ones that can join a set with another), and needs to give MI only
+            between those (`head_mi_fn` and `oracle_mi_fn` do: a cheaper head pass, far fewer
+            probing passes).
         eps: largest MI (nats) a candidate may have with any chosen position.
         budget: largest summed MI (nats) over the chosen set's pairs.
         entropy_cap: largest entropy (nats) of an admitted candidate after the first.
@@ -219,7 +222,8 @@ class MIGuided(Rule):
     entropy_cap: float = float("inf")
     name = "MI-guided"
     knob = "eps"
-    _cost: dict = field(default_factory=lambda: {"head_passes": 0, "probe_passes": 0})
+    _cost: dict = field(default_factory=lambda: {"head_passes": 0, "probe_passes": 0}, init=False, repr=False,
+                        compare=False)
 
     def __post_init__(self):
         if not callable(self.mi_fn):
@@ -269,10 +273,19 @@ def head_mi_fn(head, layer: int = -1):
     """MI source for `MIGuided` from an MI head on the step's hidden states (one head pass per step).
 
     The hidden states must be those of ``layer`` (the loop passes the layer to the model). `MIGuided`
-    passes the positions it can admit (``candidates``: the lowest-entropy masked position and those
+    passes the positions that can join a set with another (``candidates``: the masked positions
     within the entropy cap), and the head evaluates only the pairs it needs for MI between them
     (`mimdm.heads.MIHead.forward`); the decisions are those of the full MI matrix up to float
     rounding (a value within ~1e-8 nats of ``eps`` or the budget could fall the other way).
+
+    Args:
+        head: a trained `mimdm.heads.MIHead` whose input width is the MDM's hidden width.
+        layer: the MDM layer whose hidden states the head reads (-1: the last).
+
+    Returns:
+        ``fn(info, model, candidates=None) -> (MI [B, L, L] float nats, {"head_passes": B})`` with
+        ``fn.layer`` and ``fn.takes_candidates = True``. Errors of the head (a hidden width that
+        does not match) surface as the head's own.
     """
 
     def fn(info: StepInfo, model: MaskedModel, candidates=None):
@@ -307,7 +320,12 @@ def oracle_mi_fn(delta: float = 0.0, batch_tokens: int = 81 * 512):
     (`mimdm.probing.probe_mi` with ``positions_BL``), which gives the same MI between them as probing
     every masked position, for 1 + Σ_{j in candidates} (values probed at j) passes per sequence and
     step instead of 1 + Σ_{j masked}. Without a candidate set, every masked position is probed.
-    ``delta`` and ``batch_tokens`` are those of `probe_mi`.
+    ``delta`` and ``batch_tokens`` are those of `probe_mi` (the MI is the study's symmetrised
+    probed MI, `mimdm.probing`).
+
+    Returns:
+        ``fn(info, model, candidates=None) -> (MI [B, L, L] float nats, {"probe_passes": passes})``
+        with ``fn.layer = -1`` and ``fn.takes_candidates = True``; raises what `probe_mi` raises.
     """
     from .probing import probe_mi
 
@@ -356,12 +374,24 @@ def decode(model: MaskedModel, tokens_BL: Tensor, rule: Rule, temperature: float
         `DecodeOutput` (NFE per sequence; head/probing passes separately; seconds).
 
     Raises:
-        ValueError: negative temperature; whatever `MaskedModel.check_tokens` raises.
+        ValueError: a temperature that is negative or not finite, ``batch_size < 1``; whatever
+            `MaskedModel.check_tokens` raises.
     """
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0 (0: argmax), got {temperature}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     model.check_tokens(tokens_BL)
+    was_training = model.training
     model.eval()
+    try:
+        return _decode(model, tokens_BL, rule, temperature, seed, batch_size)
+    finally:
+        model.train(was_training)
+
+
+def _decode(model: MaskedModel, tokens_BL: Tensor, rule: Rule, temperature: float, seed: int,
+            batch_size: int) -> DecodeOutput:
     rule.reset()
     layer = getattr(getattr(rule, "mi_fn", None), "layer", -1)
     gen = torch.Generator(device=tokens_BL.device).manual_seed(seed)

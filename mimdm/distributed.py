@@ -413,9 +413,14 @@ def train_head_ddp(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrai
 
     Raises:
         KeyError: the labels hold no hidden states of ``cfg.layer``.
+        ValueError: an empty training or validation split (as `train_head`).
         RuntimeError: the validation loss was never finite.
     """
     key = f"hidden_{cfg.layer}"
+    for name, split in (("training", train), ("validation", val)):
+        if len(split.get("tokens", ())) == 0:
+            raise ValueError(f"the {name} split holds no contexts: generate more label shards "
+                             "(mimdm.labels) or change the split")
     if key not in train:
         raise KeyError(f"labels hold no hidden states of layer {cfg.layer} (have: {[k for k in train if k.startswith('hidden_')]})")
     info = init_distributed()

@@ -293,7 +293,7 @@ class HeadTrainConfig:
 
     AdamW over ``epochs`` passes of the training split, with a one-cycle learning-rate schedule
     (Smith & Topin 2019; `torch.optim.lr_scheduler.OneCycleLR`: warm-up over the first 10% of
-    steps to the peak ``lr``, cosine annealing after it, and AdamW's β1 cycled inversely between
+    steps (at least 2 steps) to the peak ``lr``, cosine annealing after it, and AdamW's β1 cycled inversely between
     0.95 and 0.85, the scheduler's default) or a constant ``lr``.
     The head with the best validation loss is kept; with ``patience`` set, training also stops
     after that many epochs without improvement.

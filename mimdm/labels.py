@@ -10,7 +10,7 @@ Each context is stored with its probed MI matrix (nats), the marginal entropies,
 hidden states at the configured layers.
 
 Storage is sharded and resumable: shard k is generated from its own random stream
-``(seed, k)``, written atomically to ``shard_00k.pt`` and recorded in ``manifest.json``. An
+``(seed, k)``, written atomically to ``shard_{k:05d}.pt`` (``shard_00003.pt``) and recorded in ``manifest.json``. An
 interrupted run skips completed shards and produces exactly the files an uninterrupted run would.
 Splits are by source (``source_id % 10``: 0 test, 1 validation, else train), never by context.
 """

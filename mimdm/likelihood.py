@@ -70,8 +70,14 @@ class Estimate:
 
 
 def harmonic(n: int | Tensor) -> Tensor:
-    """H_n = Σ_{m=1}^{n} 1/m, float64 (``n`` an int or a long tensor)."""
+    """H_n = Σ_{m=1}^{n} 1/m, float64 (``n`` an int or a long tensor; H_0 = 0).
+
+    Raises:
+        ValueError: a negative ``n``.
+    """
     n_t = torch.as_tensor(n, dtype=torch.long).cpu()
+    if n_t.numel() and int(n_t.min()) < 0:
+        raise ValueError(f"harmonic numbers need n >= 0, got {int(n_t.min())}")
     top = int(n_t.max()) if n_t.numel() else 0
     cum = torch.cat([torch.zeros(1, dtype=torch.float64),
                      torch.cumsum(1.0 / torch.arange(1, top + 1, dtype=torch.float64), 0)])
@@ -267,8 +273,12 @@ def exhaustive_nll(model: MaskedModel, tokens_L: Tensor, maskable_L: Tensor | No
         max_positions: refuse |S| above this (2^n passes).
 
     Raises:
-        ValueError: |S| > ``max_positions``; as `time_free_nll` otherwise.
+        ValueError: ``tokens_L`` or ``maskable_L`` not one-dimensional (a batch: call once per
+            sequence); |S| > ``max_positions``; as `time_free_nll` otherwise.
     """
+    for name, t in (("tokens_L", tokens_L), ("maskable_L", maskable_L)):
+        if t is not None and t.dim() != 1:
+            raise ValueError(f"exhaustive_nll scores one sequence: {name} must be [L], got shape {tuple(t.shape)}")
     tokens_BL = tokens_L.reshape(1, -1)
     tokens_BL, maskable_BL, vidx = _prepare(model, tokens_BL, None if maskable_L is None else maskable_L.reshape(1, -1))
     S = maskable_BL[0].nonzero().squeeze(1).tolist()

@@ -35,13 +35,17 @@ class ProbeResult:
 
     Attributes:
         mi: ``[B, L, L]`` float64, symmetrised conditional MI in nats; zero on the diagonal and
-            in every row/column of an unmasked position.
+            in every row/column of an unmasked position (and of a masked position left out by
+            ``positions_BL``).
         directed: ``[B, L, L]`` float64, ``directed[b, j, i] = I_{j→i}`` (row: probed position).
-        asymmetry: ``[B, L, L]`` float64, ``|I_{j→i} − I_{i→j}|`` in nats.
+        asymmetry: ``[B, L, L]`` float64, ``|I_{j→i} − I_{i→j}|`` in nats: the model's
+            inconsistency when ``delta = 0``; with pruning the two directions renormalise over
+            different value sets, so it also holds pruning error.
         marginals: ``[B, L, V]`` float64, p(x_i | c) (one-hot-free: rows of unmasked positions are 0).
         entropy: ``[B, L]`` float64, H(X_i | c) in nats (0 at unmasked positions).
         masked: ``[B, L]`` bool.
-        n_values: ``[B, L]`` long, values probed per position (0 at unmasked positions).
+        n_values: ``[B, L]`` long, values probed per position (0 at unmasked positions and at
+            those left out by ``positions_BL``).
         nfe: ``[B]`` long, forward passes spent on each context (1 + Σ_j n_values[j]).
         seconds: wall-clock of the whole call.
     """

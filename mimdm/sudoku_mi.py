@@ -5,6 +5,12 @@ distribution over all valid completions of the grid (every completion is equally
 uniformly random solution grids conditioned on the givens). The trained MDM's probed MI measures
 the model's belief; comparing the two needs under-determined grids (several completions): a
 puzzle with a unique solution has zero true MI everywhere.
+
+"True" means true for the distribution of all valid grids, not for the training sample: the
+training grids (`mimdm.data.sudoku.random_solutions`) come from 1024 of the ~5.5e9 equivalence
+classes, so under the exact training distribution most completions of a partial grid would have
+probability zero. The uniform reference is what a model that learned the rules, rather than the
+pool, would give.
 """
 from __future__ import annotations
 

@@ -140,8 +140,15 @@ def test_same_seed_same_result_and_temperature_sampling(tiny, puzzles):
     b = decode(tiny, puzzles, EBSampler(0.3), temperature=1.0, seed=7)
     c = decode(tiny, puzzles, EBSampler(0.3), temperature=1.0, seed=8)
     assert torch.equal(a.tokens, b.tokens) and not torch.equal(a.tokens, c.tokens)
-    with pytest.raises(ValueError, match="temperature"):
-        decode(tiny, puzzles, Sequential(), temperature=-1)
+    for bad in (-1, math.nan, math.inf):
+        with pytest.raises(ValueError, match="temperature"):
+            decode(tiny, puzzles, Sequential(), temperature=bad)
+    with pytest.raises(ValueError, match="batch_size"):
+        decode(tiny, puzzles, Sequential(), batch_size=0)
+    tiny.train()
+    decode(tiny, puzzles, Sequential())
+    assert tiny.training  # the caller's mode is restored
+    tiny.eval()
 
 
 def test_eb_sampler_prefix_rule():

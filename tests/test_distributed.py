@@ -180,6 +180,14 @@ def test_ddp_trainer_alone_reproduces_train_head(reference, one_thread):
     assert strip(log_a) == strip(log_b)
 
 
+def test_ddp_trainer_refuses_empty_splits(reference):
+    tr, va = load_labels(reference, "train"), load_labels(reference, "val")
+    empty = {k: v[:0] if torch.is_tensor(v) else v for k, v in va.items()}
+    for a, b, name in ((tr, empty, "validation"), (empty, va, "training")):
+        with pytest.raises(ValueError, match=f"the {name} split holds no contexts"):
+            train_head_ddp(a, b, HEAD, TRAIN, mask_id=9, progress=False)
+
+
 def test_ranks_with_different_models_refuse(tmp_path):
     with pytest.raises(mp.ProcessRaisedException, match="different model weights"):
         _spawn(_mismatch_job, str(tmp_path / "labels"))

@@ -25,6 +25,16 @@ def test_harmonic():
     assert float(harmonic(1)) == 1.0
     assert abs(float(harmonic(4)) - (1 + 1 / 2 + 1 / 3 + 1 / 4)) < 1e-15
     assert torch.allclose(harmonic(torch.tensor([0, 2])), torch.tensor([0.0, 1.5], dtype=torch.float64))
+    with pytest.raises(ValueError, match="n >= 0"):
+        harmonic(-1)
+
+
+def test_exhaustive_nll_refuses_a_batch(oracle):
+    model, _ = oracle
+    with pytest.raises(ValueError, match=r"one sequence.*\[L\]"):
+        exhaustive_nll(model, _states(2, L=3))
+    with pytest.raises(ValueError, match="maskable_L"):
+        exhaustive_nll(model, _states(1)[0], torch.ones(1, 6, dtype=torch.bool))
 
 
 def test_exhaustive_time_free_sum_is_exact(oracle):
@@ -144,11 +154,14 @@ def test_sudoku_model_estimate_runs():
     assert torch.allclose(est.value, torch.full((2,), 81 * math.log(9), dtype=torch.float64), rtol=0.1)
 
 
-def test_uniform_sizes_draw_every_size(oracle):
-    model, _ = oracle
-    est = time_free_nll(model, _states(1), n_samples=600, sizes="uniform", seed=3)
+def test_uniform_sizes_spend_one_pass_per_draw_and_agree_with_the_exact_nll(oracle):
+    model, log_joint = oracle
+    x = _states(1)
+    est = time_free_nll(model, x, n_samples=600, sizes="uniform", seed=3)
     assert est.nfe.tolist() == [600]
-    assert torch.isfinite(est.draws).all()
+    exact = -float(log_joint[tuple(x[0].tolist())])
+    assert abs(float(est.value[0]) - exact) < 4 * float(est.stderr[0])
+    assert len(torch.unique(est.draws.round(decimals=9))) > 6  # many different masks, not one repeated
 
 
 @pytest.mark.parametrize("kind, expected", [

@@ -223,7 +223,7 @@ def head_config_for(profile, model: MaskedModel) -> MIHeadConfig:
 def protein_head_config_for(profile, model: MaskedModel) -> MIHeadConfig:
     """The profile's protein MI head architecture for ``model``'s hidden size.
 
-    Position pairs are *relative* (an embedding of the sequence separation, clipped at 128): the
+    Position pairs are *relative* (an embedding of the sequence separation |i − j|, separations above 127 sharing the last one): the
     head is trained on crops of family members of different lengths, where absolute positions do
     not line up, and it must accept any length at inference.
     """
