@@ -71,8 +71,9 @@ def auto_batch_tokens(model, length: int, default: int, fraction: float = 0.5, p
 def apply_precision(model, precision: str = "auto"):
     """Set a `MaskedModel`'s forward precision; ``"auto"``: bf16 autocast on a CUDA device that supports it, else fp32.
 
-    Probabilities, entropies, probed MI and NLL are computed in float32/float64 from the
-    returned logits in either case (`mimdm.models.base.MaskedModel.set_precision`).
+    Probabilities, entropies and NLL are computed in float32/float64 from the returned logits in
+    either case (`mimdm.models.base.MaskedModel.set_precision`); probing switches the model to
+    fp32 for its own passes (`mimdm.probing.probe_mi`).
 
     Returns:
         the model.

@@ -20,6 +20,7 @@ fewer forward passes (NFE). Cost: one pass for the context plus one per probed (
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -79,7 +80,7 @@ def _sync(device: torch.device) -> None:
 
 @torch.no_grad()
 def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_tokens: int | str = 81 * 512,
-             positions_BL: Tensor | None = None) -> ProbeResult:
+             positions_BL: Tensor | None = None, precision: str | None = "fp32") -> ProbeResult:
     """Ground-truth pairwise conditional MI between the masked positions of each context.
 
     Args:
@@ -96,6 +97,13 @@ def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_to
             probe) and is 0 in the rows and columns of every other position; ``n_values`` counts
             only these. Costs 1 + Σ_{j in subset} n_values[j] passes instead of 1 + Σ_{j in M}.
             `mimdm.decoding.oracle_mi_fn` passes a decoding step's candidates here.
+        precision: precision of probing's forward passes: ``"fp32"`` (default) whatever the
+            model's own setting (`MaskedModel.set_precision`, restored afterwards) or an enclosing
+            autocast context; ``"bf16"`` (CUDA); ``None`` keeps the model's and the context's.
+            Probed MI is built from small differences between conditionals, and bf16 rounding
+            puts a floor under it: on the `cpu` Sudoku MDM (8 contexts, 50 masked cells,
+            bf16 autocast on the CPU) the mean error was 5e-4 nats (max 0.02), and 1.6-1.9% of pairs
+            fell on the other side of ε = 3e-4 or 1e-3 nats.
 
     Returns:
         `ProbeResult` (MI in nats, NFE per context, seconds). ``marginals``, ``entropy`` and
@@ -103,11 +111,15 @@ def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_to
 
     Raises:
         ValueError: ``delta`` outside [0, 1), ``batch_tokens < 1`` or not ``"auto"``; ``positions_BL``
-            of another shape than ``tokens_BL`` or holding an unmasked position; and whatever
+            of another shape than ``tokens_BL`` or holding an unmasked position; ``precision`` not
+            ``"fp32"``, ``"bf16"`` or None; and whatever
             `MaskedModel.check_tokens` raises (bad shape, ids, length, device).
+        RuntimeError: ``precision="bf16"`` on a model that is not on a CUDA device with bf16.
     """
     if not 0 <= delta < 1:
         raise ValueError(f"delta must be in [0, 1), got {delta}")
+    if precision not in ("fp32", "bf16", None):
+        raise ValueError(f"precision must be 'fp32', 'bf16' or None (the model's), got {precision!r}")
     if isinstance(batch_tokens, str) and batch_tokens != "auto" or not isinstance(batch_tokens, str) and batch_tokens < 1:
         raise ValueError(f"batch_tokens must be >= 1 or 'auto', got {batch_tokens!r}")
     if tokens_BL.dim() == 1:
@@ -124,16 +136,20 @@ def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_to
             b, i = (int(v) for v in torch.nonzero(bad)[0])
             raise ValueError(f"positions_BL selects position {i} of context {b}, which is not masked: only masked "
                              "positions can be probed")
-    if batch_tokens == "auto":
-        from .device import auto_batch_tokens
-
-        batch_tokens = auto_batch_tokens(model, tokens_BL.shape[1], default=512 * tokens_BL.shape[1])
-    was_training = model.training
+    was_training, was_precision = model.training, model.precision
     model.eval()
     try:
-        return _probe(model, tokens_BL, delta, max(1, batch_tokens // tokens_BL.shape[1]), positions_BL)
+        if precision is not None and precision != was_precision:
+            model.set_precision(precision)  # raises for bf16 off CUDA
+        with torch.autocast(tokens_BL.device.type, enabled=False) if precision == "fp32" else contextlib.nullcontext():
+            if batch_tokens == "auto":  # sized in the precision probing runs in
+                from .device import auto_batch_tokens
+
+                batch_tokens = auto_batch_tokens(model, tokens_BL.shape[1], default=512 * tokens_BL.shape[1])
+            return _probe(model, tokens_BL, delta, max(1, batch_tokens // tokens_BL.shape[1]), positions_BL)
     finally:
         model.train(was_training)
+        model.precision = was_precision
 
 
 def _probe(model: MaskedModel, tokens_BL: Tensor, delta: float, rows: int, positions_BL: Tensor | None = None) -> ProbeResult:

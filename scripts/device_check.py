@@ -8,7 +8,9 @@ Steps (each timed; units: passes = forward passes of a model on one sequence, i.
 1. ``sudoku_forward``   the profile's Sudoku MDM architecture (paper: 4 layers, d=384, 12 heads, FF 512),
                         forward passes/s at the probing batch size on contexts with 50 masked cells.
 2. ``sudoku_probing``   `mimdm.probing.probe_mi` on such contexts (1 + 50·9 = 451 passes each, no pruning):
-                        passes/s and the ratio to raw forward throughput.
+                        passes/s and the ratio to raw forward throughput; the same probing under bf16
+                        autocast and its MI error against fp32 (nats; the noise floor next to the ε swept;
+                        `probe_mi` itself probes in fp32 unless told otherwise).
 3. ``mi_head``          the profile's MI head: seconds of one head pass against one MDM forward per context
                         (`mimdm.experiments.mi_head.head_cost`), and forward + head against probing.
 4. ``sudoku_training``  a few hundred masked-diffusion training steps (`mimdm.models.training.train_mdm`) at the
@@ -19,7 +21,7 @@ Steps (each timed; units: passes = forward passes of a model on one sequence, i.
 7. ``esmc_forward``     the ESM-C architecture of the profile (paper: ESM C 300M, 960/15/30) at random init at
                         L residues, forward passes/s in fp32 and under bf16 autocast.
 8. ``protein_probing``  probing of one fully masked L-residue sequence with that model (1 + 20·L passes), fp32
-                        and bf16 autocast.
+                        and bf16 autocast, and the bf16 MI error against fp32.
 9. ``protein_head``     the profile's protein MI head against one ESM-C forward at L residues.
 
 Weights: every model is randomly initialised (seed 0); nothing is read from the artifact cache and nothing is
@@ -74,7 +76,8 @@ STEPS = ("sudoku_forward", "sudoku_probing", "mi_head", "sudoku_training", "deco
          "protein_probing", "protein_head")
 RATIO_KEYS = ("probing_over_forward", "head_over_forward", "forward_plus_head_speedup_vs_probing",
               "training_examples_per_s", "decoding_time_ratio_vs_sequential", "likelihood_over_forward",
-              "esmc_bf16_speedup", "protein_probing_bf16_speedup", "protein_head_over_forward")
+              "esmc_bf16_speedup", "protein_probing_bf16_speedup", "probing_bf16_max_abs_mi_error",
+              "protein_probing_bf16_max_abs_mi_error", "protein_head_over_forward")
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -103,6 +106,32 @@ def _precision(model, dev: torch.device, bf16: bool):
         model.set_precision("bf16" if bf16 else "fp32")
         return contextlib.nullcontext()
     return torch.autocast(dev.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+
+#: MI thresholds (nats) at which bf16 decision flips are counted: the ε values the chapters sweep.
+EPS_CHECKED = (3e-4, 1e-3, 1e-2)
+
+
+def mi_precision_error(mi_ref: torch.Tensor, mi_low: torch.Tensor, masked: torch.Tensor) -> dict:
+    """Error of probed MI under reduced precision against fp32, over the pairs of masked positions.
+
+    Args:
+        mi_ref, mi_low: ``[B, L, L]`` MI in nats (fp32 forward passes; bf16 autocast).
+        masked: ``[B, L]`` bool.
+
+    Returns:
+        ``{"pairs", "max_abs_nats", "mean_abs_nats", "mean_mi_nats", "decision_flips": {ε: fraction of pairs
+        on different sides of ε}}``.
+    """
+    pair = masked[:, :, None] & masked[:, None, :]
+    pair &= ~torch.eye(pair.shape[-1], dtype=torch.bool, device=pair.device)
+    a, b = mi_ref[pair].double().cpu(), mi_low[pair].double().cpu()
+    if a.numel() == 0:
+        return {"pairs": 0}
+    d = (a - b).abs()
+    return {"pairs": int(a.numel()), "max_abs_nats": float(d.max()), "mean_abs_nats": float(d.mean()),
+            "mean_mi_nats": float(a.mean()),
+            "decision_flips": {str(e): float(((a <= e) != (b <= e)).double().mean()) for e in EPS_CHECKED}}
 
 
 def _partial_grids(n: int, clues: int, seed: int) -> np.ndarray:
@@ -163,10 +192,15 @@ def step_sudoku_probing(ctx: dict) -> dict:
     res = probe_mi(model, x, batch_tokens=P.probe_batch_tokens)
     nfe = int(res.nfe.sum())
     rate = nfe / res.seconds
+    peak = _peak_mib(dev)
+    with _precision(model, dev, True):
+        low = probe_mi(model, x, batch_tokens=P.probe_batch_tokens, precision=None)  # the model's / context's bf16
+    model.precision = "fp32"
     return {"contexts": len(x), "masked_per_context": 50, "delta": 0.0, "batch_tokens": P.probe_batch_tokens,
             "nfe_total": nfe, "nfe_per_context": nfe / len(x), "seconds": res.seconds,
             "seconds_per_context": res.seconds / len(x), "nfe_per_s": rate,
-            "probing_over_forward": rate / ctx["forward_passes_per_s"], "peak_mib": _peak_mib(dev)}
+            "probing_over_forward": rate / ctx["forward_passes_per_s"], "peak_mib": peak,
+            "bf16_seconds": low.seconds, "bf16_mi_error": mi_precision_error(res.mi, low.mi, res.masked)}
 
 
 def step_mi_head(ctx: dict) -> dict:
@@ -301,6 +335,7 @@ def step_protein_probing(ctx: dict) -> dict:
     bt = P.protein_labels.batch_tokens  # the profile's rows per pass ("auto": from free GPU memory, below)
     bt = 64 * L if bt == "auto" else max(L, bt // P.protein_labels.window * L)
     out = {"length": L, "masked": L, "batch_tokens": bt, "rows_per_pass": bt // L}
+    mis = {}
     with torch.no_grad():
         probe_mi(model, x[:, :min(L, 8)], batch_tokens=bt)  # warm-up on a short sequence
     for tag, bf16 in (("fp32", False), ("bf16_autocast", True)):
@@ -314,7 +349,7 @@ def step_protein_probing(ctx: dict) -> dict:
                 torch.cuda.reset_peak_memory_stats(dev)
             try:
                 with _precision(model, dev, bf16):
-                    res = probe_mi(model, x, batch_tokens=tokens)
+                    res = probe_mi(model, x, batch_tokens=tokens, precision=None)  # as set by _precision
                 break
             except torch.cuda.OutOfMemoryError:
                 # ESM-C keeps the hidden states of every layer ([n_layers, B, L, D]): memory grows with rows x layers
@@ -325,8 +360,10 @@ def step_protein_probing(ctx: dict) -> dict:
         nfe = int(res.nfe.sum())
         out[tag] = {"nfe": nfe, "seconds": res.seconds, "nfe_per_s": nfe / res.seconds, "rows_per_pass": tokens // L,
                     "max_mi_nats": float(res.mi.max()), "peak_mib": _peak_mib(dev), **({"note": note} if note else {})}
+        mis[tag] = res
     model.precision = "fp32"
     out["bf16_speedup"] = out["fp32"]["seconds"] / out["bf16_autocast"]["seconds"]
+    out["bf16_mi_error"] = mi_precision_error(mis["fp32"].mi, mis["bf16_autocast"].mi, mis["fp32"].masked)
     return out
 
 
@@ -372,6 +409,8 @@ def summary(steps: dict) -> dict:
             "likelihood_over_forward": get("likelihood", "likelihood_over_forward"),
             "esmc_bf16_speedup": get("esmc_forward", "bf16_speedup"),
             "protein_probing_bf16_speedup": get("protein_probing", "bf16_speedup"),
+            "probing_bf16_max_abs_mi_error": get("sudoku_probing", "bf16_mi_error", "max_abs_nats"),
+            "protein_probing_bf16_max_abs_mi_error": get("protein_probing", "bf16_mi_error", "max_abs_nats"),
             "protein_head_over_forward": get("protein_head", "head_over_forward")}
 
 

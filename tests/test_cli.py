@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from mimdm.artifacts import REPO_ROOT
 from mimdm import cli
@@ -205,6 +206,10 @@ def test_device_check_smoke_cpu(tmp_path, capsys):
     s = rec["steps"]
     assert s["sudoku_forward"]["passes_per_s"] > 0 and s["sudoku_forward"]["weights"].startswith("random init")
     assert s["sudoku_probing"]["nfe_per_context"] == 1 + 50 * 9 and s["sudoku_probing"]["nfe_per_s"] > 0
+    for step in ("sudoku_probing", "protein_probing"):
+        err = s[step]["bf16_mi_error"]
+        assert err["pairs"] > 0 and 0 <= err["mean_abs_nats"] <= err["max_abs_nats"]
+        assert set(err["decision_flips"]) == {str(e) for e in dc.EPS_CHECKED}
     assert s["mi_head"]["head_over_forward"] > 0
     assert s["sudoku_training"]["examples_per_s"] > 0
     assert set(s["decoding"]["rules"]) == {"sequential", "top-k", "threshold", "eb", "mi"}
@@ -216,6 +221,17 @@ def test_device_check_smoke_cpu(tmp_path, capsys):
     assert s["protein_head"]["head_over_forward"] > 0
     assert rec["environment"]["torch"] and "units" in rec
     assert '"ratios"' in capsys.readouterr().out
+
+
+def test_mi_precision_error_counts_decision_flips():
+    dc = _device_check_module()
+    ref = torch.zeros(1, 3, 3)
+    ref[0, 0, 1] = ref[0, 1, 0] = 0.02
+    low = ref.clone()
+    low[0, 0, 1] = low[0, 1, 0] = 0.005  # crosses ε = 0.01 only
+    err = dc.mi_precision_error(ref, low, torch.tensor([[True, True, False]]))
+    assert err["pairs"] == 2 and err["max_abs_nats"] == pytest.approx(0.015)
+    assert err["decision_flips"] == {"0.0003": 0.0, "0.001": 0.0, "0.01": 1.0}
 
 
 def test_device_check_bad_device(tmp_path, capsys):

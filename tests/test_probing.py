@@ -37,6 +37,29 @@ def test_probing_equals_exact_conditional_mi_on_oracle(potts):
     assert res.mi.max() > 0.05  # the check is not vacuous: real dependence is present
 
 
+def test_probing_runs_in_fp32_unless_told_otherwise():
+    """A model set to bf16 (here: the attribute, with bf16 autocast on the CPU) or an enclosing autocast context
+    is probed in fp32 by default, its setting restored; precision=None keeps bf16, which perturbs the MI."""
+    torch.manual_seed(0)
+    m = SudokuMDM(SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)).eval()
+    x = grids_to_tokens(sd.make_puzzles(2, (40, 44), np.random.default_rng(1))[0].puzzle[None])
+    ref = probe_mi(m, x).mi
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(probe_mi(m, x).mi, ref)
+        low_ctx = probe_mi(m, x, precision=None).mi
+    m.precision = "bf16"
+    try:
+        assert torch.equal(probe_mi(m, x).mi, ref) and m.precision == "bf16"
+        low = probe_mi(m, x, precision=None).mi
+    finally:
+        m.precision = "fp32"
+    assert not torch.equal(low, ref) and not torch.equal(low_ctx, ref)
+    with pytest.raises(ValueError, match="precision"):
+        probe_mi(m, x, precision="fp16")
+    with pytest.raises(RuntimeError, match="CUDA"):
+        probe_mi(m, x, precision="bf16")
+
+
 def test_probing_a_subset_gives_the_same_mi_between_its_positions_for_fewer_passes(potts):
     x = _contexts(potts, 16, 3)
     full = probe_mi(potts, x)

@@ -100,6 +100,8 @@ class MaskedModel(nn.Module):
         Under bf16 the matrix products run in bfloat16 and the returned logits and hidden states
         are cast back to float32, so everything computed from them downstream (softmax
         probabilities, entropies, probed MI, NLL) is computed in float32 or float64.
+        `mimdm.probing.probe_mi` switches to fp32 for its own passes (bf16 rounding would put an
+        error floor near the smallest MI thresholds) and restores the setting after.
         `mimdm.models.training.train_mdm` always trains in fp32 and restores the precision after.
 
         Returns:
