@@ -178,8 +178,13 @@ def pruning_sweep(model: MaskedModel, grids: np.ndarray, deltas: list[float], ba
 
 
 @torch.no_grad()
-def forward_throughput(model: MaskedModel, batch: int = 512, repeats: int = 3) -> float:
-    """Raw model throughput in sequences (forward passes) per second at batch size ``batch``."""
+@torch.no_grad()
+def forward_throughput(model: MaskedModel, batch: int = 512, repeats: int = 5) -> float:
+    """Raw model throughput in sequences (forward passes) per second at batch size ``batch``.
+
+    Inference passes (no autograd graph, as in probing and decoding) on fully masked sequences of
+    ``model.max_len``, after one untimed warm-up pass; ``repeats`` timed passes.
+    """
     x = torch.full((batch, model.max_len), model.mask_id, dtype=torch.long, device=model.device)
     model.log_probs(x)
     if model.device.type == "cuda":
