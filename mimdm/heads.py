@@ -229,7 +229,21 @@ class MIHead(nn.Module):
 
 @torch.no_grad()
 def head_inputs(model: MaskedModel, tokens_BL: Tensor, layer: int = -1) -> tuple[Tensor, Tensor, Tensor]:
-    """One MDM forward pass → ``(hidden [B, L, D], masked [B, L], entropy [B, L] nats)`` for the head."""
+    """One MDM forward pass → the head's inputs.
+
+    Args:
+        model: any `MaskedModel`.
+        tokens_BL: ``[B, L]`` contexts with ``model.mask_id`` at the masked positions.
+        layer: the MDM layer whose hidden states are returned (-1: last).
+
+    Returns:
+        ``(hidden [B, L, D], masked [B, L] bool, entropy [B, L] float nats)``: the entropy of each
+        masked position's marginal over its legal values, 0 at unmasked positions.
+
+    Raises:
+        ValueError: as `MaskedModel.check_tokens` (bad shape, ids, length, device) and the model's
+            layer check.
+    """
     out = model(tokens_BL, layer=layer)
     legal = model.legal_values(tokens_BL.shape[1])
     logp = torch.log_softmax(out.logits.float().masked_fill(~legal, float("-inf")), -1)
@@ -261,12 +275,25 @@ def mi_loss(pred_BLL: Tensor, target_BLL: Tensor, masked_BL: Tensor, kind: str =
             scale: float = 0.01, weight_scale: float = 0.05) -> Tensor:
     """Loss over masked pairs (i < j) of a batch.
 
-    ``kind``: ``"log1p_weighted"`` (default; see module docstring), ``"log1p"`` (no weight) or
-    ``"mse"`` (plain squared error in nats²).
+    Args:
+        pred_BLL: ``[B, L, L]`` predicted MI (nats).
+        target_BLL: ``[B, L, L]`` probed MI (nats).
+        masked_BL: ``[B, L]`` bool, the masked positions; only pairs of masked positions count.
+        kind: ``"log1p_weighted"`` (default; see module docstring):
+            Σ w (log1p(p/s) − log1p(t/s))² / Σ w with s = ``scale`` and w = 1 + t / ``weight_scale``;
+            ``"log1p"`` (w = 1) or ``"mse"`` (plain squared error in nats²).
+        scale, weight_scale: s and the weight's scale, in nats.
+
+    Returns:
+        A scalar tensor (0 with gradient when the batch has no masked pair).
 
     Raises:
-        ValueError: unknown ``kind``.
+        ValueError: unknown ``kind``; shapes that are not ``[B, L, L]``, ``[B, L, L]``, ``[B, L]``.
     """
+    if pred_BLL.dim() != 3 or pred_BLL.shape[1] != pred_BLL.shape[2] or target_BLL.shape != pred_BLL.shape \
+            or tuple(masked_BL.shape) != tuple(pred_BLL.shape[:2]):
+        raise ValueError(f"mi_loss needs pred [B, L, L], target [B, L, L] and masked [B, L]; got "
+                         f"{tuple(pred_BLL.shape)}, {tuple(target_BLL.shape)}, {tuple(masked_BL.shape)}")
     B, L, _ = pred_BLL.shape
     pairs = masked_BL[:, :, None] & masked_BL[:, None, :]
     pairs = pairs & torch.ones(L, L, dtype=torch.bool, device=pairs.device).triu(1)
@@ -420,7 +447,13 @@ def train_head(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrainCon
 
 
 def save_head(head: MIHead, path: Path, train_cfg: HeadTrainConfig, log: list[dict], extra: dict | None = None) -> None:
-    """Save a head checkpoint with its configs and training log (loadable with ``weights_only=True``)."""
+    """Save a head checkpoint with its configs and training log (loadable with ``weights_only=True``).
+
+    Written atomically (a temporary file renamed into place), so an interrupted save leaves no torn file.
+
+    Raises:
+        OSError: the folder cannot be written.
+    """
     atomic_save({"kind": "mi_head", "state_dict": head.state_dict(), "head_config": json.dumps(head.config.to_dict()),
                  "train_config": json.dumps(train_cfg.to_dict()), "log": json.dumps(log),
                  "extra": json.dumps(extra or {})}, Path(path))
@@ -429,8 +462,16 @@ def save_head(head: MIHead, path: Path, train_cfg: HeadTrainConfig, log: list[di
 def load_head(path: Path, device="cpu") -> tuple[MIHead, dict]:
     """Load a head saved by `save_head`.
 
+    Args:
+        path: the checkpoint file.
+        device: where to put the head (checked by `mimdm.device.resolve_device`).
+
+    Returns:
+        ``(head in eval mode, record)``; the record holds ``head_config``, ``train_config``, ``log``, ``extra``.
+
     Raises:
-        FileNotFoundError: missing file. ValueError: not an MI-head checkpoint, or one of an older head version.
+        FileNotFoundError: missing file. ValueError: not an MI-head checkpoint, one of an older head
+        version, an unreadable file or not a device name. RuntimeError: CUDA asked for on a machine without it.
     """
     ck = load_checkpoint(path, device)
     if ck.get("kind") != "mi_head":

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -195,8 +196,10 @@ def _draw_masks(kind: str, maskable_BL: Tensor, K: int, g: torch.Generator) -> t
 
 
 def _estimate(kind: str, model, tokens_BL, n_samples, maskable_BL, seed, batch_size) -> Estimate:
-    if n_samples < 1:
-        raise ValueError(f"n_samples must be ≥ 1, got {n_samples}")
+    if isinstance(n_samples, bool) or not isinstance(n_samples, numbers.Integral) or n_samples < 1:
+        raise ValueError(f"n_samples must be an integer ≥ 1, got {n_samples!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer ≥ 1, got {batch_size!r}")
     tokens_BL, maskable_BL, vidx = _prepare(model, tokens_BL, maskable_BL)
     g = torch.Generator().manual_seed(seed)
     B, L = tokens_BL.shape
@@ -236,7 +239,8 @@ def time_free_nll(model: MaskedModel, tokens_BL: Tensor, n_samples: int = 64, ma
 
     Raises:
         ValueError: a scored position holds no value, a sequence has nothing to score, the model
-            assigns probability 0 to a scored value. See also `MaskedModel.check_tokens`.
+            assigns probability 0 to a scored value; ``n_samples`` or ``batch_size`` not an integer
+            >= 1. See also `MaskedModel.check_tokens`.
     """
     if sizes not in ("harmonic", "uniform"):
         raise ValueError(f"sizes must be 'harmonic' or 'uniform', got {sizes!r}")

@@ -16,17 +16,31 @@ def as_numpy(x) -> np.ndarray:
 
 
 def masked_pairs(masked_L) -> tuple[np.ndarray, np.ndarray]:
-    """Index arrays ``(i, j)`` with i < j of all pairs of masked positions (``masked_L``: ``[L]`` bool)."""
+    """Index arrays ``(i, j)`` with i < j of all pairs of masked positions (``masked_L``: ``[L]`` bool).
+
+    Raises:
+        ValueError: ``masked_L`` not one-dimensional.
+    """
     m = as_numpy(masked_L).astype(bool)
+    if m.ndim != 1:
+        raise ValueError(f"masked_L must be [L], got shape {m.shape}")
     i, j = np.triu_indices(len(m), k=1)
     keep = m[i] & m[j]
     return i[keep], j[keep]
 
 
 def pair_values(mat_LL, masked_L) -> np.ndarray:
-    """Upper-triangle values of an ``[L, L]`` matrix over pairs of masked positions, ``[n_pairs]``."""
+    """Upper-triangle values of an ``[L, L]`` matrix over pairs of masked positions, ``[n_pairs]``.
+
+    Raises:
+        ValueError: ``mat_LL`` not ``[L, L]`` for the ``L`` of ``masked_L``.
+    """
     i, j = masked_pairs(masked_L)
-    return as_numpy(mat_LL)[i, j]
+    mat = as_numpy(mat_LL)
+    L = len(as_numpy(masked_L))
+    if mat.shape != (L, L):
+        raise ValueError(f"matrix must be [L, L] = [{L}, {L}] to match the mask, got shape {mat.shape}")
+    return mat[i, j]
 
 
 def graph_recovery(mi_LL, masked_L, graph_LL) -> dict:
@@ -41,6 +55,9 @@ def graph_recovery(mi_LL, masked_L, graph_LL) -> dict:
     Returns:
         ``{"auroc", "average_precision", "mean_mi_edge", "mean_mi_non_edge", "n_pairs",
         "edge_fraction"}``; AUROC/AP are NaN when only one class is present.
+
+    Raises:
+        ValueError: ``mi_LL`` or ``graph_LL`` not ``[L, L]`` for the ``L`` of ``masked_L``.
     """
     s = pair_values(mi_LL, masked_L)
     y = pair_values(graph_LL, masked_L).astype(bool)

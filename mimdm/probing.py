@@ -238,7 +238,7 @@ def pairwise_mi(states_SL: Tensor, weights_S: Tensor, n_values: int, chunk: int 
         ``[L, L]`` float64 MI with a zero diagonal: I(X_i; X_j) = Σ p(a,b) log p(a,b)/(p(a)p(b)).
 
     Raises:
-        ValueError: shapes disagree, values out of range, weights negative or all zero.
+        ValueError: shapes disagree, values out of range, weights negative, not finite or all zero.
     """
     if states_SL.dim() != 2 or weights_S.shape != (states_SL.shape[0],):
         raise ValueError(f"need states [S, L] and weights [S], got {tuple(states_SL.shape)} and {tuple(weights_S.shape)}")
@@ -246,8 +246,8 @@ def pairwise_mi(states_SL: Tensor, weights_S: Tensor, n_values: int, chunk: int 
         raise ValueError(f"state values must lie in [0, {n_values}), got range [{int(states_SL.min())}, {int(states_SL.max())}]")
     weights_S = weights_S.to(states_SL.device)
     w = weights_S.double()
-    if (w < 0).any() or w.sum() <= 0:
-        raise ValueError("weights must be non-negative with a positive sum")
+    if not torch.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+        raise ValueError("weights must be finite and non-negative with a positive sum")
     w = w / w.sum()
     S, L = states_SL.shape
     LV = L * n_values

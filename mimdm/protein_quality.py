@@ -251,10 +251,20 @@ class FamilyHMM:
 
 
 def fraction_above(scores: np.ndarray, threshold: float) -> float:
-    """Fraction (in [0, 1]) of ``scores`` (bits) that are ``>= threshold`` (bits)."""
+    """Fraction (in [0, 1]) of ``scores`` (bits) that are ``>= threshold`` (bits).
+
+    No-hit scores (-inf, `FamilyHMM.score`) count as below.
+
+    Raises:
+        ValueError: no scores; a NaN score; a threshold that is not a finite number.
+    """
     sc = np.asarray(scores, dtype=np.float64)
     if sc.size == 0:
         raise ValueError("no scores given")
+    if np.isnan(sc).any():
+        raise ValueError(f"{int(np.isnan(sc).sum())} NaN score(s): score with FamilyHMM.score (no hit = -inf)")
+    if not np.isfinite(threshold):
+        raise ValueError(f"threshold must be a finite number of bits, got {threshold}")
     return float(np.mean(sc >= threshold))
 
 
@@ -457,7 +467,11 @@ def max_identity_to(seqs: str | Sequence[str], reference_seqs: Sequence[str], me
 
 
 def novelty(seqs: str | Sequence[str], reference_seqs: Sequence[str], **kwargs) -> np.ndarray:
-    """``[N]`` novelty = 1 - `max_identity_to` (same arguments), fractions in [0, 1]."""
+    """``[N]`` novelty = 1 - `max_identity_to` (same arguments), fractions in [0, 1].
+
+    Raises:
+        ValueError: as `max_identity_to`.
+    """
     return 1.0 - max_identity_to(seqs, reference_seqs, **kwargs)
 
 
@@ -530,7 +544,8 @@ def recovery(pred: str | Sequence[str], native: str | Sequence[str], positions) 
 
     Raises:
         ValueError: invalid sequences; different numbers of preds and natives; unequal lengths;
-            positions empty, duplicated or out of range.
+            positions empty, duplicated, out of range or not integers (floats and booleans are refused,
+            not truncated).
     """
     single = isinstance(pred, str)
     preds = _validate_all(_as_list(pred, "pred"), "pred", allow_mask=True)
@@ -551,7 +566,11 @@ def recovery(pred: str | Sequence[str], native: str | Sequence[str], positions) 
     for n, (p, q, pos) in enumerate(zip(preds, nats, pos_list)):
         if len(p) != len(q):
             raise ValueError(f"sequence {n}: predicted length {len(p)} != native length {len(q)}")
-        pos = np.asarray(list(pos), dtype=np.int64)
+        raw = np.asarray(list(pos))
+        if raw.size and (raw.dtype == bool or not np.issubdtype(raw.dtype, np.integer)):
+            raise ValueError(f"sequence {n}: positions must be integer indices, got {raw.dtype} values "
+                             f"(e.g. {raw.ravel()[0]!r}); for a boolean mask pass np.flatnonzero(mask)")
+        pos = raw.astype(np.int64)
         if pos.size == 0:
             raise ValueError(f"sequence {n}: no positions given")
         if len(np.unique(pos)) != len(pos):

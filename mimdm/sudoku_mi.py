@@ -51,6 +51,13 @@ def underdetermined_grids(clues: tuple[int, int], rng: np.random.Generator, max_
     ``clues`` (inclusive); grids with a unique completion or more than ``max_completions`` are
     skipped (counted in ``stats["unique"]`` / ``stats["too_many"]``). Stops after ``max_attempts``
     attempts (``stats["attempts"]``).
+
+    Yields:
+        ``grid`` ``[81]`` int8 (0 = blank), ``data_mi`` ``[81, 81]`` float64 nats (the exact MI
+        under the uniform distribution over its completions, `data_mi`), ``n_completions`` and ``n_clues``.
+
+    Raises:
+        SudokuError: as `mimdm.data.sudoku.random_partial` (a clue count outside 0..81).
     """
     stats = stats if stats is not None else {}
     stats.update(attempts=0, unique=0, too_many=0)
@@ -70,7 +77,17 @@ def underdetermined_grids(clues: tuple[int, int], rng: np.random.Generator, max_
 
 
 def sample_data_mi(n_grids: int, rng) -> torch.Tensor:
-    """Monte Carlo estimate ``[81, 81]`` of the empty-grid MI from ``n_grids`` random solution grids."""
+    """Monte Carlo estimate ``[81, 81]`` float64 (nats) of the empty-grid MI from ``n_grids`` random solution grids.
+
+    The plug-in MI of the empirical pair frequencies (`mimdm.probing.pairwise_mi` with uniform
+    weights); it is biased upward by about (V-1)²/(2·n_grids) nats per pair for independent cells.
+
+    Raises:
+        SudokuError: ``n_grids`` not an integer (as `mimdm.data.sudoku.random_solutions`).
+        ValueError: ``n_grids`` < 1.
+    """
+    if not n_grids >= 1:
+        raise ValueError(f"n_grids must be >= 1, got {n_grids}")
     g = sd.random_solutions(n_grids, rng)
     return pairwise_mi(torch.from_numpy(g.astype(np.int64) - 1), torch.ones(n_grids, dtype=torch.float64), 9)
 

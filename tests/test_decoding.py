@@ -108,8 +108,13 @@ def test_mi_guided_oracle_on_exact_model_unmasks_independent_positions_together(
     s = out.step_of[0]
     assert s[0] != s[1]  # the coupled pair is never unmasked in the same step
     assert out.nfe.item() == 2 and out.extra_passes["probe_passes"] > 0
-    # the result is a state of the support
-    assert out.tokens[0, 0] == out.tokens[0, 1]
+    # sampled at T=1 the result is always a state of the support: X0 = X1 even though each is uniform
+    # on its own (independent parallel sampling of X0 and X1 would disagree 2/3 of the time)
+    xs = torch.full((300, 3), V)
+    mi = decode(model, xs, MIGuided(oracle_mi_fn(), eps=1e-6), temperature=1.0, seed=1)
+    assert (mi.tokens[:, 0] == mi.tokens[:, 1]).all() and len(set(mi.tokens[:, 0].tolist())) == V
+    par = decode(model, xs, MIGuided(oracle_mi_fn(), eps=math.inf), temperature=1.0, seed=1)
+    assert (par.nfe == 1).all() and 0.5 < (par.tokens[:, 0] != par.tokens[:, 1]).float().mean() < 0.8
 
 
 @pytest.mark.parametrize("cap", [1.0, math.inf])
@@ -149,6 +154,42 @@ def test_same_seed_same_result_and_temperature_sampling(tiny, puzzles):
     decode(tiny, puzzles, Sequential())
     assert tiny.training  # the caller's mode is restored
     tiny.eval()
+
+
+def _step_info(probs, masked):
+    from mimdm.decoding import StepInfo
+
+    ent = -(probs * probs.clamp_min(1e-30).log()).sum(-1) * masked
+    return StepInfo(probs=probs, entropy=ent, masked=masked, tokens=torch.zeros(masked.shape, dtype=torch.long),
+                    hidden=torch.zeros(*masked.shape, 1), generator=torch.Generator().manual_seed(0))
+
+
+def test_sequential_orders_topk_and_threshold_pick_the_documented_positions():
+    """Position 0 is the most confident (0.60), 1 has the lowest entropy (0.69 nats), 2 the largest top-2
+    margin (0.44); position 3 is certain but already given, so no rule may pick it."""
+    probs = torch.tensor([[[0.60, 0.20, 0.20, 0.00], [0.55, 0.45, 0.00, 0.00], [0.58, 0.14, 0.14, 0.14],
+                           [1.00, 0.00, 0.00, 0.00]]])
+    info = _step_info(probs, torch.tensor([[True, True, True, False]]))
+    pick = lambda rule: rule.select(info, None)[0].nonzero().flatten().tolist()  # noqa: E731
+    assert pick(Sequential("confidence")) == [0]
+    assert pick(Sequential("entropy")) == [1]
+    assert pick(Sequential("margin")) == [2]
+    assert len(pick(Sequential("random"))) == 1 and pick(Sequential("random"))[0] in (0, 1, 2)
+    assert pick(TopK(2)) == [0, 2] and pick(TopK(5)) == [0, 1, 2]
+    assert pick(Threshold(0.56)) == [0, 2] and pick(Threshold(0.59)) == [0]
+    assert pick(Threshold(0.9)) == [0]  # nothing above tau: the most confident one alone
+    assert pick(Threshold(0.0)) == [0, 1, 2]
+
+
+def test_temperature_sampling_follows_the_model_marginal():
+    """One masked position of an exact joint with p = (0.7, 0.2, 0.1): sampled values at T=1 follow it,
+    at T -> 0 (argmax) always value 0."""
+    model = TableJointMDM.from_table(torch.tensor([0.7, 0.2, 0.1]).log())
+    x = torch.full((4000, 1), 3)
+    out = decode(model, x, Sequential(), temperature=1.0, seed=5)
+    freq = torch.bincount(out.tokens[:, 0], minlength=3).double() / len(x)
+    assert torch.allclose(freq, torch.tensor([0.7, 0.2, 0.1], dtype=torch.float64), atol=0.025)
+    assert (decode(model, x[:10], Sequential()).tokens == 0).all()
 
 
 def test_eb_sampler_prefix_rule():

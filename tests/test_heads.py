@@ -1,4 +1,5 @@
 import json
+import math
 
 import numpy as np
 import pytest
@@ -65,7 +66,13 @@ def test_loss_kinds():
     masked = torch.ones(1, 4, dtype=torch.bool)
     assert mi_loss(t, t, masked).item() == 0
     assert mi_loss(t * 0, t, masked, "mse").item() == pytest.approx(0.25 / 6)
-    assert mi_loss(t * 0, t, masked, "log1p_weighted") > mi_loss(t * 0, t, masked, "log1p")
+    # one of the 6 masked pairs off by log1p(0.5/0.01) = ln 51; its weight 1 + 0.5/0.05 = 11, the others 1
+    assert mi_loss(t * 0, t, masked, "log1p").item() == pytest.approx(math.log(51) ** 2 / 6)
+    assert mi_loss(t * 0, t, masked, "log1p_weighted").item() == pytest.approx(11 * math.log(51) ** 2 / 16)
+    with pytest.raises(ValueError, match=r"\[B, L, L\]"):
+        mi_loss(t, t[:, :3, :3], masked)
+    with pytest.raises(ValueError, match=r"masked \[B, L\]"):
+        mi_loss(t, t, masked[:, :3])
     with pytest.raises(ValueError, match="unknown loss kind"):
         mi_loss(t, t, masked, "l1")
 
@@ -203,7 +210,12 @@ def test_head_checkpoint_roundtrip_and_one_pass_prediction(tmp_path):
     head2, rec = load_head(tmp_path / "h.pt")
     x = torch.full((2, 81), 9)
     x[1, :40] = 3
-    assert torch.equal(predict_mi(model, head, x), predict_mi(model, head2, x))
+    pred = predict_mi(model, head, x)
+    assert torch.equal(pred, predict_mi(model, head2, x))
+    with torch.no_grad():  # one MDM pass and one head pass per context, batched or not
+        assert torch.allclose(pred, head(*head_inputs(model, x)), atol=1e-6)
+        assert torch.allclose(predict_mi(model, head, x, batch_size=1), pred, atol=1e-6)
+    assert pred[0].abs().sum() > 0 and (pred[1, :40] == 0).all() and (pred[1, :, :40] == 0).all()
     h, m, e = head_inputs(model, x)
     assert h.shape == (2, 81, 32) and m[1, :40].logical_not().all() and (e[1, :40] == 0).all()
     assert rec["log"] == [{"epoch": 1}]

@@ -142,16 +142,27 @@ def test_zero_probability_value_is_an_error():
     assert abs(exhaustive_nll(model, torch.tensor([0, 1])) - math.log(2)) < 1e-12
 
 
-def test_sudoku_model_estimate_runs():
-    torch.manual_seed(0)
-    model = SudokuMDM(SudokuMDMConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64)).eval()
+def test_sudoku_model_estimate_is_exact_for_a_uniform_model_and_near_the_exhaustive_nll():
     from mimdm.data import sudoku as sd
     from mimdm.models.zoo import grids_to_tokens
     import numpy as np
+
+    torch.manual_seed(0)
+    model = SudokuMDM(SudokuMDMConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64)).eval()
     grid = grids_to_tokens(sd.random_solutions(2, np.random.default_rng(0)))
-    est = time_free_nll(model, grid, n_samples=1024)
-    # an untrained model is near uniform over 9 digits: NLL ≈ 81 ln 9
-    assert torch.allclose(est.value, torch.full((2,), 81 * math.log(9), dtype=torch.float64), rtol=0.1)
+    with torch.no_grad():  # zero output layer: every conditional uniform over 9 digits, NLL = 81 ln 9 in every draw
+        model.out.weight.zero_(); model.out.bias.zero_()
+    est = time_free_nll(model, grid, n_samples=64)
+    assert torch.allclose(est.value, torch.full((2,), 81 * math.log(9), dtype=torch.float64), atol=1e-3)
+    assert est.stderr.max() < 1e-4
+    # a random (non-uniform) model on a grid with 6 blanks: the estimator against the exhaustive chain rule
+    torch.manual_seed(1)
+    model = SudokuMDM(SudokuMDMConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64)).eval()
+    x = grid[0].clone()
+    S = torch.zeros(81, dtype=torch.bool); S[torch.arange(6) * 13] = True
+    exact = exhaustive_nll(model, x, maskable_L=S)  # the time-free sum over all 63 subsets of S
+    est = time_free_nll(model, x[None], n_samples=2000, seed=2, maskable_BL=S[None])
+    assert abs(float(est.value[0]) - exact) < 4 * float(est.stderr[0]) + 1e-6
 
 
 def test_uniform_sizes_spend_one_pass_per_draw_and_agree_with_the_exact_nll(oracle):

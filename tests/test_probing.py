@@ -247,3 +247,14 @@ def test_underdetermined_grids_yield_only_multi_completion_grids():
     for grid, dmi, k, n in out:
         assert k >= 2 and (grid > 0).sum() == n and 30 <= n <= 40
         assert dmi.shape == (81, 81) and (dmi[torch.from_numpy(grid > 0)] == 0).all()
+
+
+def test_table_joint_normalises_its_table_and_refuses_an_empty_one():
+    w = torch.tensor([[2.0, 1.0], [1.0, 0.0]])  # weights, not probabilities: p = w / 4
+    model = TableJointMDM.from_table(w.log())
+    assert torch.allclose(model.log_p.exp(), torch.tensor([0.5, 0.25, 0.25, 0.0], dtype=torch.float64))
+    p = torch.softmax(model(torch.tensor([[2, 2]])).logits[0, 0].double(), -1)  # p(x0) with x1 masked
+    assert torch.allclose(p, torch.tensor([0.75, 0.25], dtype=torch.float64), atol=1e-6)
+    for bad in (torch.full((2, 2), float("-inf")), torch.tensor([[0.0, float("nan")], [0.0, 0.0]])):
+        with pytest.raises(ValueError, match="finite"):
+            TableJointMDM.from_table(bad)

@@ -165,10 +165,14 @@ def test_diversity(dhfr_split):
     rng = np.random.default_rng(4)
     rand = ["".join(rng.choice(list(AA), size=100)) for _ in range(30)]
     assert pq.mean_pairwise_identity(rand, method="position") == pytest.approx(0.05, abs=0.01)
+    ii, jj = np.triu_indices(8, k=1)
+    ids = np.array([pq.identity(test[i], test[j]) for i, j in zip(ii, jj)])  # the 28 pairs, one by one
     nat = pq.mean_pairwise_identity(test[:8])
-    assert 0.2 < nat < 0.8
+    assert nat == pytest.approx(ids.mean(), abs=1e-12) and 0.2 < nat < 0.8
+    assert pq.mean_pairwise_identity(test[:8], max_pairs=28) == pytest.approx(nat, abs=1e-12)  # all pairs: exact
     sub = pq.mean_pairwise_identity(test[:8], max_pairs=10, seed=0)
-    assert 0.1 < sub < 0.9
+    sel = np.random.default_rng(0).choice(28, size=10, replace=False)  # the documented uniform sample of 10 pairs
+    assert sub == pytest.approx(ids[sel].mean(), abs=1e-12)
     with pytest.raises(ValueError, match="at least 2"):
         pq.mean_pairwise_identity([s])
     with pytest.raises(ValueError, match="symmetric"):
@@ -223,15 +227,23 @@ def test_quality_report(family, dhfr_split):
     infilled = [s[:10] + ("A" if s[10] != "A" else "C") + s[11:] for s in gen]  # position 10 wrong
     rep = pq.quality_report(infilled, hmm=family, threshold=thr, train_seqs=train, natives=natives,
                             positions=[9, 10, 11, 12])
+    sc = family.score(infilled)
+    mx = pq.max_identity_to(infilled, train)
     assert rep["n"] == 6 and rep["n_no_hit"] == 0
-    assert rep["frac_above_threshold"] >= 5 / 6 and rep["mean_bit_score"] > 100
+    assert rep["mean_bit_score"] == pytest.approx(sc.mean()) and rep["median_bit_score"] == pytest.approx(np.median(sc))
+    assert rep["frac_above_threshold"] == pytest.approx((sc >= thr).mean()) and rep["mean_bit_score"] > 100
     assert rep["recovery"] == pytest.approx(0.75)
-    assert 0 < rep["mean_novelty"] < 1 and rep["mean_novelty"] == pytest.approx(1 - rep["mean_max_identity"])
-    assert 0 < rep["diversity_mean_pairwise_identity"] < 1
+    assert rep["mean_max_identity"] == pytest.approx(mx.mean()) and rep["mean_novelty"] == pytest.approx(1 - mx.mean())
+    assert rep["diversity_mean_pairwise_identity"] == pytest.approx(pq.mean_pairwise_identity(infilled))
+    assert rep["composition_js"] == pytest.approx(pq.composition_distance(pq.composition(infilled), pq.composition(train)))
     assert 0 <= rep["composition_js"] < 0.05
-    rnd = _random([150] * 3)
-    rep2 = pq.quality_report(rnd, hmm=family, threshold=thr, train_seqs=train)
-    assert "recovery" not in rep2 and rep2["frac_above_threshold"] == 0.0
-    assert rep2["mean_bit_score"] < 20 and rep2["composition_js"] > rep["composition_js"]
+    # random sequences and a homopolymer, which HMMER does not hit: the floor enters the mean, -inf the median
+    rnd = _random([150] * 3) + ["W" * 150]
+    sc2 = family.score(rnd)
+    assert not np.isfinite(sc2[-1])
+    rep2 = pq.quality_report(rnd, hmm=family, threshold=thr, train_seqs=train, no_hit_floor=-7.0)
+    assert "recovery" not in rep2 and rep2["frac_above_threshold"] == 0.0 and rep2["n_no_hit"] == (~np.isfinite(sc2)).sum()
+    assert rep2["mean_bit_score"] == pytest.approx(np.where(np.isfinite(sc2), sc2, -7.0).mean())
+    assert rep2["median_bit_score"] == np.median(sc2) and rep2["composition_js"] > rep["composition_js"]
     with pytest.raises(ValueError, match="both"):
         pq.quality_report(gen, hmm=family, threshold=thr, train_seqs=train, natives=natives)

@@ -630,11 +630,12 @@ def make_puzzle(n_clues: int, rng, max_tries: int = 200) -> Puzzle:
             f"n_clues must be in 17..81 (no sudoku with fewer than 17 clues has a unique "
             f"solution), got {n_clues}"
         )
-    if int(max_tries) < 1:
+    max_tries = _as_count(max_tries, "max_tries")
+    if max_tries < 1:
         raise SudokuError(f"max_tries must be >= 1, got {max_tries}")
     rng = np.random.default_rng(rng)
     best = N_CELLS
-    for _ in range(int(max_tries)):
+    for _ in range(max_tries):
         sol = random_solutions(1, rng)[0]
         g = sol.tolist()
         clues = N_CELLS

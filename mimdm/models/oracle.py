@@ -83,13 +83,17 @@ class TableJointMDM(MaskedModel):
         """From a dense log-joint of shape ``[V] * L`` (natural log, normalised or not).
 
         Raises:
-            ValueError: the dimensions of ``log_joint`` are not all equal.
+            ValueError: the dimensions of ``log_joint`` are not all equal; no finite entry (zero mass)
+                or a NaN / +inf entry.
         """
         L, V = log_joint.dim(), log_joint.shape[0]
         if any(s != V for s in log_joint.shape):
             raise ValueError(f"log_joint must have shape [V]*L, got {tuple(log_joint.shape)}")
+        lp = log_joint.double().flatten()
+        if torch.isnan(lp).any() or torch.isposinf(lp).any() or not torch.isfinite(lp).any():
+            raise ValueError("log_joint must hold finite log-weights (-inf for impossible states) and at least one finite one")
         states = torch.tensor(list(itertools.product(range(V), repeat=L)), dtype=torch.long)
-        return cls(states, log_joint.double().flatten(), V)
+        return cls(states, lp - torch.logsumexp(lp, 0), V)
 
     @classmethod
     def from_samples(cls, states: Tensor, n_values: int) -> "TableJointMDM":

@@ -26,15 +26,27 @@ def sudoku_batch(rng: np.random.Generator, batch_size: int) -> torch.Tensor:
 def grids_to_tokens(grids: np.ndarray, device="cpu") -> torch.Tensor:
     """``[N, 81]`` int grids (0 blank, 1..9) -> ``[N, 81]`` long Sudoku MDM tokens (9 = mask).
 
+    Args:
+        grids: ``[N, 81]`` integer array (floats holding whole numbers are accepted).
+        device: where to put the tokens (checked by `mimdm.device.resolve_device`).
+
     Raises:
-        SudokuError: wrong shape or values outside 0..9.
+        SudokuError: wrong shape, values outside 0..9, or non-integer values (not truncated).
+        ValueError / RuntimeError: as `mimdm.device.resolve_device` (not a device; CUDA asked for
+            on a machine without it).
     """
+    from ..device import resolve_device
+
     arr = np.asarray(grids)
     if arr.ndim != 2 or arr.shape[1] != 81:
         raise sd.SudokuError(f"grids must have shape [N, 81], got {arr.shape}")
+    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        raise sd.SudokuError(f"grid values must be integers 0 (blank) or 1..9, got dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.floating) and arr.size and not (np.isfinite(arr).all() and (arr == np.round(arr)).all()):
+        raise sd.SudokuError("grid values must be whole numbers 0 (blank) or 1..9, got non-integer values")
     if arr.size and (arr.min() < 0 or arr.max() > 9):
         raise sd.SudokuError(f"grid values must be 0 (blank) or 1..9, got range [{arr.min()}, {arr.max()}]")
-    g = torch.as_tensor(arr.astype(np.int64), device=device)
+    g = torch.as_tensor(arr.astype(np.int64), device=resolve_device(device))
     return torch.where(g == 0, torch.full_like(g, 9), g - 1)
 
 
