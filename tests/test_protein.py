@@ -180,6 +180,47 @@ def test_contacts_for_sequence(structure):
 
 
 # ------------------------------------------------------------------ MI + APC, precision
+def test_split_fills_every_split_and_checks_its_labels():
+    seqs = ["ACDE", "FGHI", "KLMN"]
+    sp = pr.split_by_cluster(seqs, clusters=[0, 1, 2])  # the greedy pass alone would put all three in train
+    assert sorted([len(sp.train), len(sp.val), len(sp.test)]) == [1, 1, 1]
+    sp = pr.split_by_cluster(seqs + ["PQRS"], (0.5, 0.25, 0.25), clusters=[0, 1, 1, 2])
+    assert min(len(sp.train), len(sp.val), len(sp.test)) >= 1 and len(sp.train) + len(sp.val) + len(sp.test) == 4
+    owner = [set(sp.clusters[p].tolist()) for p in (sp.train, sp.val, sp.test)]
+    assert sum(len(o) for o in owner) == 3  # whole clusters, none split
+    with pytest.raises(ValueError, match="non-negative integer labels"):
+        pr.split_by_cluster(seqs, clusters=[-1, 0, 1])
+    with pytest.raises(ValueError, match="non-negative integer labels"):
+        pr.split_by_cluster(seqs, clusters=[0.5, 1.0, 2.0])
+    with pytest.raises(ValueError, match="one label per sequence"):
+        pr.split_by_cluster(seqs, clusters=[0, 1])
+    with pytest.raises(ValueError, match="no sequences"):
+        pr.split_by_cluster([], clusters=[])
+
+
+def test_alignment_mi_equals_the_closed_form_and_checks_weights():
+    # column 1 copies column 0 (two residues, 3:1), column 2 independent of both: MI(0,1) = H(col 0)
+    seqs = ["AAC"] * 6 + ["AAD"] * 6 + ["CCC"] * 2 + ["CCD"] * 2
+    mi = pr.alignment_mi(seqs, weights=None)
+    h = -(0.75 * np.log(0.75) + 0.25 * np.log(0.25))
+    assert mi[0, 1] == pytest.approx(h, abs=1e-9) and mi[0, 2] == pytest.approx(0.0, abs=1e-9)
+    # weights: the same rows twice with weight 1/2 give the same MI; zero weight removes a row
+    assert np.allclose(pr.alignment_mi(seqs + seqs, weights=np.full(32, 0.5)), mi)
+    w = np.ones(16); w[12:] = 0  # drop the C rows: column 0 constant
+    assert pr.alignment_mi(seqs, weights=w)[0, 1] == pytest.approx(0.0, abs=1e-12)
+    # gaps=False leaves gapped pairs out: a gap in column 0 does not count as a state
+    g = pr.alignment_mi(["A-C", "AAD", "-AC", "CCD"] * 5, weights=None, gaps=False)
+    # pair (0, 2) over the rows without a gap: (A,C), (A,D), (C,D) equally often
+    assert g[0, 2] == pytest.approx(np.log(27 / 16) / 3, abs=1e-9)
+    for bad in (np.full(16, np.nan), np.zeros(16), -np.ones(16), np.ones(3)):
+        with pytest.raises(ValueError, match="weights"):
+            pr.alignment_mi(seqs, weights=bad)
+    with pytest.raises(ValueError, match="threshold"):
+        pr.sequence_weights(seqs, threshold=0)
+    with pytest.raises(ValueError, match="'é' at column 1"):
+        pr.alignment_mi(["AéC", "AAD"], weights=None)
+
+
 def test_alignment_mi_apc_finds_planted_pair():
     rng = np.random.default_rng(0)
     N, C = 600, 12

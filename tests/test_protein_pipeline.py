@@ -49,6 +49,14 @@ def test_family_bad_input(tmp_path, family):
     _, pdb, _ = FamilySpec().paths()
     with pytest.raises(ValueError, match="no alignment row matches the sequence of .* chain A"):
         load_family(FamilySpec(alignment=str(fasta), structure=str(pdb)))
+    with pytest.raises(ValueError, match="the structure is the default, DHFR 3QL0"):
+        load_family(FamilySpec(alignment=str(fasta)))
+    # a native_id given by hand is checked against the structure too
+    with pytest.raises(ValueError, match="native_id 'r3' is not the protein of 3QL0.pdb chain A"):
+        load_family(FamilySpec(alignment=str(fasta), structure=str(pdb), native_id="r3"))
+    fasta2 = tmp_path / "with_native.fasta"
+    fasta2.write_text(fasta.read_text() + f">nat\n{family.native[:150]}\n")  # rows of one length
+    assert load_family(FamilySpec(alignment=str(fasta2), structure=str(pdb), native_id="nat")).native == family.native[:150]
     with pytest.raises(ValueError, match=r"100000 infilling tasks asked, but the test split holds \d+ members of at most"):
         xp.infilling_tasks(family, 100_000, max_len=200)
 
@@ -155,6 +163,21 @@ def test_protein_label_shard(family, tiny):
     assert torch.equal(sh["tokens"], again["tokens"]) and torch.equal(sh["mi"], again["mi"])
 
 
+def test_protein_label_shard_zero_holds_every_split(family, tiny):
+    import dataclasses
+
+    idx = np.arange(len(family.seqs))
+    one_val, one_test = int(family.split.val[0]), int(family.split.test[0])
+    rest = np.setdiff1d(idx, [one_val, one_test])
+    split = dataclasses.replace(family.split, train=rest, val=np.array([one_val]), test=np.array([one_test]))
+    fam = dataclasses.replace(family, split=split)  # 1 of ~4,400 rows each in val and test
+    cfg = xp.ProteinLabelConfig(n_shards=2, contexts_per_shard=3, window=16, delta=0.05)
+    sh = xp.protein_label_shard(tiny, fam, cfg, 0)
+    assert sh["split"].tolist().count(1) == 1 and sh["split"].tolist().count(2) == 1
+    assert {one_val, one_test} <= set(sh["source_id"].tolist())
+    assert (xp.protein_label_shard(tiny, fam, cfg, 1)["split"] == 0).all()  # other shards: uniform draws
+
+
 def test_infilling_and_grouped_decoding(family, tiny):
     tasks = xp.infilling_tasks(family, 4, seed=0, max_len=200)
     test = set(family.part("test"))
@@ -224,3 +247,10 @@ def test_apc_nan_ignores_missing_pairs():
     B = A.copy(); B[0, 3] = B[3, 0] = np.nan
     out = xp.apc_nan(B)
     assert np.isnan(out[0, 3]) and np.isfinite(out[1, 2])
+
+
+def test_results_name_keeps_the_default_record():
+    assert xp.results_name(FamilySpec()) == "protein"
+    assert xp.results_name(FamilySpec(alignment="/data/S1A/halabi_alignment.fasta", structure="x/3tgi.pdb")) == \
+        "protein_halabi_alignment"
+    assert xp.results_name(FamilySpec(structure="my 2NRF.pdb")) == "protein_dhfr_my_2NRF"

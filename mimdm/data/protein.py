@@ -238,6 +238,9 @@ def match_columns(aligned_seqs: list[str]) -> np.ndarray:
     """``[C]`` bool: True for match columns, i.e. columns without any lower-case letter or ``.``.
 
     For a plain upper-case FASTA alignment every column is a match column.
+
+    Raises:
+        ValueError: no rows, unequal row lengths or a non-ASCII character.
     """
     A = _char_array(aligned_seqs)
     insert = ((A >= ord("a")) & (A <= ord("z"))) | (A == ord("."))
@@ -245,14 +248,22 @@ def match_columns(aligned_seqs: list[str]) -> np.ndarray:
 
 
 def match_states(aligned_seqs: list[str]) -> list[str]:
-    """The rows restricted to `match_columns` (insert columns removed), each of length C_match."""
+    """The rows restricted to `match_columns` (insert columns removed), each of length C_match.
+
+    Raises:
+        ValueError: as `match_columns`.
+    """
     keep = match_columns(aligned_seqs)
     A = _char_array(aligned_seqs)[:, keep]
     return [r.tobytes().decode("ascii") for r in A]
 
 
 def column_to_residue(aligned_row: str) -> np.ndarray:
-    """``[C]`` long: for each column of an aligned row, the index of its residue in `degap(row)`, -1 at gaps."""
+    """``[C]`` long: for each column of an aligned row, the index of its residue in `degap(row)`, -1 at gaps.
+
+    Every character that is not a gap (``-`` or ``.``) counts as a residue; validate rows first
+    (`encode_alignment`) if they may hold other symbols.
+    """
     out = np.full(len(aligned_row), -1, dtype=np.int64)
     k = 0
     for c_idx, c in enumerate(aligned_row):
@@ -268,6 +279,10 @@ def _char_array(aligned_seqs: list[str]) -> np.ndarray:
     lens = {len(s) for s in aligned_seqs}
     if len(lens) != 1:
         raise ValueError(f"aligned sequences must have equal lengths, got lengths {sorted(lens)[:5]}")
+    for r, row in enumerate(aligned_seqs):
+        if not row.isascii():
+            c = next(i for i, ch in enumerate(row) if not ch.isascii())
+            raise ValueError(f"row {r} has character {row[c]!r} at column {c}: not one of the 20 amino acids or a gap")
     return np.frombuffer("".join(aligned_seqs).encode("ascii"), dtype=np.uint8).reshape(len(aligned_seqs), -1)
 
 
@@ -316,6 +331,10 @@ def pairwise_identity(aligned_seqs: list[str], chunk: int = 1024) -> np.ndarray:
     fragment identical to part of a longer sequence has identity 1). 0 when either row has no
     residue. Insert columns are ignored (their residues are not aligned). Computed as one-hot
     products (BLAS), in row chunks.
+
+    Raises:
+        ValueError: as `encode_alignment` (no rows, unequal lengths, a character that is neither an
+            amino acid nor a gap).
     """
     codes = encode_alignment(match_states(aligned_seqs))
     X = _onehot(codes)
@@ -403,7 +422,9 @@ def split_by_cluster(aligned_seqs: list[str], fractions: tuple[float, float, flo
     Clusters (from `identity_clusters` at ``threshold``, or given) are visited in a random
     order (``seed``); each goes to the split with the largest remaining deficit (target count
     minus rows already assigned), so achieved fractions are close to the requested ones unless
-    one cluster is very large. Every row lands in exactly one split.
+    one cluster is very large. Every row lands in exactly one split, and every split with a non-zero
+    fraction gets at least one cluster (if the greedy pass leaves one empty, it takes the smallest
+    cluster of the split with the largest surplus).
 
     Args:
         aligned_seqs: N aligned rows.
@@ -416,24 +437,29 @@ def split_by_cluster(aligned_seqs: list[str], fractions: tuple[float, float, flo
         `ClusterSplit` with index arrays into ``aligned_seqs``.
 
     Raises:
-        ValueError: bad fractions; fewer clusters than non-zero fractions; ``clusters`` of the
-            wrong length.
+        ValueError: no sequences; bad fractions; fewer (non-empty) clusters than non-zero
+            fractions; ``clusters`` of the wrong length or not non-negative integer labels.
     """
     fr = tuple(float(f) for f in fractions)
     if len(fr) != 3 or min(fr) < 0 or abs(sum(fr) - 1) > 1e-6:
         raise ValueError(f"fractions must be three non-negative numbers summing to 1, got {fractions}")
     N = len(aligned_seqs)
+    if N == 0:
+        raise ValueError("no sequences to split")
     if clusters is None:
         clusters = identity_clusters(aligned_seqs, threshold)
-    clusters = np.asarray(clusters, dtype=np.int64)
-    if len(clusters) != N:
-        raise ValueError(f"clusters has {len(clusters)} labels for {N} sequences")
+    raw = np.asarray(clusters)
+    if raw.ndim != 1 or len(raw) != N:
+        raise ValueError(f"clusters must hold one label per sequence: {raw.shape} labels for {N} sequences")
+    if not np.issubdtype(raw.dtype, np.integer) or raw.min() < 0:
+        raise ValueError("clusters must be non-negative integer labels")
+    clusters = raw.astype(np.int64)
     K = int(clusters.max()) + 1
-    need = sum(f > 0 for f in fr)
-    if K < need:
-        raise ValueError(f"only {K} identity cluster(s) at threshold {threshold}: cannot fill {need} splits; "
-                         "raise the threshold or use fewer splits")
     sizes = np.bincount(clusters, minlength=K)
+    need = sum(f > 0 for f in fr)
+    if int((sizes > 0).sum()) < need:
+        raise ValueError(f"only {int((sizes > 0).sum())} identity cluster(s) at threshold {threshold}: cannot fill "
+                         f"{need} splits; raise the threshold or use fewer splits")
     target = np.array(fr) * N
     count = np.zeros(3)
     assign = np.empty(K, dtype=np.int64)
@@ -442,6 +468,13 @@ def split_by_cluster(aligned_seqs: list[str], fractions: tuple[float, float, flo
         s = int(np.argmax(np.where(np.array(fr) > 0, target - count, -np.inf)))
         assign[k] = s
         count[s] += sizes[k]
+    for s in range(3):  # a split asked for but left empty (few large clusters): take the smallest cluster
+        if fr[s] > 0 and count[s] == 0:  # of the split with the largest surplus that holds two or more
+            donors = [d for d in range(3) if ((assign == d) & (sizes > 0)).sum() >= 2]
+            d = max(donors, key=lambda d: count[d] - target[d])
+            ks = np.nonzero((assign == d) & (sizes > 0))[0]
+            k = ks[np.argmin(sizes[ks])]
+            assign[k], count[d], count[s] = s, count[d] - sizes[k], count[s] + sizes[k]
     where = assign[clusters]
     parts = [np.nonzero(where == s)[0].astype(np.int64) for s in range(3)]
     return ClusterSplit(*parts, clusters=clusters, threshold=threshold, fractions=fr)
@@ -450,9 +483,14 @@ def split_by_cluster(aligned_seqs: list[str], fractions: tuple[float, float, flo
 def sequence_weights(aligned_seqs: list[str], threshold: float = 0.8, chunk: int = 1024) -> np.ndarray:
     """``[N]`` float64 weights 1 / (number of rows with `pairwise_identity` >= threshold, itself included).
 
-    The usual redundancy reweighting of coevolution methods; ``weights.sum()`` is the effective
-    number of sequences N_eff.
+    The usual redundancy reweighting of coevolution methods (Morcos et al. 2011, PNAS 108:E1293,
+    at 80% identity); ``weights.sum()`` is the effective number of sequences N_eff.
+
+    Raises:
+        ValueError: ``threshold`` outside (0, 1]; as `encode_alignment` (unequal lengths, bad characters).
     """
+    if not 0 < threshold <= 1:
+        raise ValueError(f"threshold must be an identity fraction in (0, 1], got {threshold}")
     codes = encode_alignment(match_states(aligned_seqs))
     X = _onehot(codes)
     n_res = (codes < 20).sum(1).astype(np.float32)
@@ -471,7 +509,8 @@ def alignment_mi(aligned_seqs: list[str], weights: np.ndarray | str | None = "id
     Frequencies are weighted counts over rows; with pseudocount lambda,
     f_i(a) <- (1 - lambda) f_i(a) + lambda / q and f_ij(a, b) <- (1 - lambda) f_ij(a, b) + lambda / q^2
     (q = 21 with gaps as a state, 20 otherwise). MI_ij = sum_ab f_ij log(f_ij / (f_i f_j)); the
-    diagonal is set to 0.
+    diagonal is set to 0. This is the plain column-pair MI of coevolution analysis (e.g. Dunn et al.
+    2008, whose APC correction `apc` applies), with the redundancy weights of `sequence_weights`.
 
     Args:
         aligned_seqs: N rows of length C over the 20 amino acids and gaps; every column given
@@ -484,7 +523,8 @@ def alignment_mi(aligned_seqs: list[str], weights: np.ndarray | str | None = "id
             of that pair's counts (frequencies renormalised per pair).
 
     Raises:
-        ValueError: bad pseudocount or weights shape; non-amino-acid characters.
+        ValueError: bad pseudocount; weights of the wrong shape, negative, not finite or all zero;
+            non-amino-acid characters.
     """
     if not 0 <= pseudocount < 1:
         raise ValueError(f"pseudocount must be in [0, 1), got {pseudocount}")
@@ -498,8 +538,9 @@ def alignment_mi(aligned_seqs: list[str], weights: np.ndarray | str | None = "id
         w = np.ones(N)
     else:
         w = np.asarray(weights, dtype=np.float64)
-        if w.shape != (N,) or (w < 0).any():
-            raise ValueError(f"weights must be a non-negative array of shape ({N},), got {w.shape}")
+        if w.shape != (N,) or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+            raise ValueError(f"weights must be a finite, non-negative array of shape ({N},) with a positive sum, "
+                             f"got shape {w.shape}")
     q = 21 if gaps else 20
     X = np.zeros((N, C, 21), dtype=np.float32)
     X[np.repeat(np.arange(N), C), np.tile(np.arange(C), N), codes.ravel()] = 1.0

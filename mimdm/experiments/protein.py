@@ -184,6 +184,18 @@ def contact_scores(score_LL: np.ndarray, contacts: np.ndarray, evaluable: np.nda
     return out
 
 
+def results_name(spec) -> str:
+    """Stem of chapter 4's results file for a family: ``"protein"`` for the default (DHFR alignment and
+    3QL0), ``"protein_<alignment file stem>"`` otherwise, so that a run on another family does not
+    overwrite the committed DHFR record (e.g. ``halabi_alignment.fasta`` -> ``protein_halabi_alignment``)."""
+    import re
+
+    if spec.alignment == "dhfr" and spec.structure == "dhfr":
+        return "protein"
+    stem = Path(spec.alignment).name.split(".")[0] if spec.alignment != "dhfr" else "dhfr_" + Path(spec.structure).stem
+    return "protein_" + (re.sub(r"[^A-Za-z0-9_-]+", "_", stem).strip("_") or "family")
+
+
 # --------------------------------------------------------------------------------------- MI head labels
 @dataclass(frozen=True)
 class ProteinLabelConfig:
@@ -208,7 +220,16 @@ class ProteinLabelConfig:
 
 
 def protein_label_shard(model: ESMCMDM, family: FamilyData, cfg: ProteinLabelConfig, shard: int) -> dict:
-    """One shard of protein labels, in the format of `mimdm.labels.label_shard` (split from the family split)."""
+    """One shard of protein labels, in the format of `mimdm.labels.label_shard` (split from the family split).
+
+    Rows are drawn uniformly from the family members with at least ``cfg.window`` residues, so each
+    split's share follows the cluster split; shard 0 also holds at least one context of every split
+    that has such members (when it has at least two contexts per split), so that even a small label
+    set can be validated and tested.
+
+    Raises:
+        ValueError: no family member has ``cfg.window`` residues; as `mimdm.probing.probe_mi`.
+    """
     rng = np.random.default_rng([cfg.seed, shard])
     where = np.zeros(len(family.seqs), dtype=np.int64)
     for code, name in enumerate(SPLITS):
@@ -218,6 +239,15 @@ def protein_label_shard(model: ESMCMDM, family: FamilyData, cfg: ProteinLabelCon
         raise ValueError(f"no family member has at least window={cfg.window} residues")
     # a third of the contexts from each split's rows would skew training: draw rows uniformly, as the split is
     rows = rng.choice(eligible, cfg.contexts_per_shard)
+    if shard == 0:  # ... but shard 0 holds every split that has eligible rows, so that a small label set (smoke)
+        # still has validation and test contexts: a missing split replaces a draw of the best-represented one
+        for code in range(len(SPLITS)):
+            pool = eligible[where[eligible] == code]
+            if len(pool) and not (where[rows] == code).any():
+                counts = np.bincount(where[rows], minlength=len(SPLITS))
+                if counts.max() < 2:
+                    break  # fewer contexts per shard than splits
+                rows[np.flatnonzero(where[rows] == counts.argmax())[-1]] = rng.choice(pool)
     vals = []
     masks = []
     for r in rows:
