@@ -151,3 +151,58 @@ def test_entropy_cap_control_costs_no_head_pass_and_equals_the_capped_rule_witho
     same = decode(model, x, MIGuided(head_mi_fn(head), eps=math.inf, entropy_cap=1.5))
     assert torch.equal(ctrl.tokens, same.tokens) and torch.equal(ctrl.nfe, same.nfe)
     assert ctrl.extra_passes.get("head_passes", 0) == 0 and same.extra_passes["head_passes"] > 0
+
+
+def test_paired_comparison_mcnemar_and_bootstrap_interval():
+    import math
+
+    from mimdm.experiments import speedup as sp
+
+    # 200 items: a right and b wrong on 12, the reverse on 4, both agree on the rest
+    a = np.r_[np.ones(12), np.zeros(4), np.ones(60), np.zeros(124)].astype(int)
+    b = np.r_[np.zeros(12), np.ones(4), np.ones(60), np.zeros(124)].astype(int)
+    c = sp.paired_comparison(a, b)
+    assert (c["a_only"], c["b_only"], c["n"]) == (12, 4, 200) and c["difference"] == pytest.approx(8 / 200)
+    # exact McNemar: two-sided binomial tail of 12 of 16 discordant at p = 1/2
+    tail = sum(math.comb(16, k) for k in range(12, 17)) / 2 ** 16
+    assert c["mcnemar_p"] == pytest.approx(2 * tail, rel=1e-9)
+    # the bootstrap interval agrees with the large-sample (Wald) interval of a paired difference
+    d, n = 8 / 200, 200
+    half = 1.959964 * math.sqrt((16 / n - d * d) / n)
+    assert c["ci_low"] == pytest.approx(d - half, abs=0.01) and c["ci_high"] == pytest.approx(d + half, abs=0.01)
+    assert sp.paired_comparison(a, b) == c  # seeded
+    same = sp.paired_comparison(a, a)
+    assert (same["difference"], same["ci_low"], same["ci_high"], same["mcnemar_p"]) == (0.0, 0.0, 0.0, 1.0)
+    for bad in [(a, b[:-1]), (a[:0], b[:0]), (a * 2, b)]:
+        with pytest.raises(ValueError, match="outcome|0/1"):
+            sp.paired_comparison(*bad)
+
+
+def test_per_item_outcomes_feed_paired_matched_and_oracle_rows():
+    from mimdm.experiments import speedup as sp
+    from mimdm.models.zoo import grids_to_tokens
+
+    rng = np.random.default_rng(1)
+    ps = sp.hard_puzzles(3, (30, 31), rng)
+    sol = grids_to_tokens(np.stack([p.solution for p in ps]))
+    sol[1, 0] = sol[1, 1]  # puzzle 1 wrong
+    s = sp.score_solving(sol, ps, per_item=True)
+    assert s[sp.items_key("solve_rate")].tolist() == [1, 0, 1] and s["solve_rate"] == pytest.approx(2 / 3)
+    g = sp.score_generation(sol, np.zeros((3, 81), np.int8), per_item=True)
+    assert g[sp.items_key("valid_rate")].tolist() == [1, 0, 1]
+    K = sp.items_key("solve_rate")
+    seq = np.r_[np.ones(10), np.zeros(10)].astype(np.int8)
+    fast = seq.copy(); fast[0] = 0  # one puzzle lost: 5 points below on 20 items
+    rows = [{"rule": "sequential", "knob": float("nan"), "nfe": 50, "seconds": 1.0, "solve_rate": 0.5, K: seq},
+            {"rule": "top-k", "knob": 2, "nfe": 25, "seconds": 0.5, "solve_rate": 0.45, K: fast},
+            {"rule": "EB-sampler", "knob": 0.1, "nfe": 30, "seconds": 0.7, "solve_rate": 0.1, K: seq * 0}]
+    m = {r["rule"]: r for r in sp.matched_quality(rows, "solve_rate", 0.05)}
+    assert m["top-k"]["paired_difference"] == pytest.approx(-0.05) and m["top-k"]["mcnemar_p"] == pytest.approx(1.0)
+    assert m["top-k"]["paired_ci_low"] < -0.0 <= m["top-k"]["paired_ci_high"]
+    assert np.isnan(m["EB-sampler"]["mcnemar_p"])
+    assert "mcnemar_p" not in sp.matched_quality([{**r, "neg": -r["nfe"]} for r in rows], "neg", 1.0)[0]  # other metric: unpaired
+    assert all(K not in r for r in sp.drop_items(rows)) and K in rows[0]
+    orc = [{"rule": r, "knob": 0.01, "entropy_cap": 0.3, "nfe": 10, "solve_rate": v.mean(), K: v}
+           for r, v in [("MI-guided", seq), ("MI-oracle", np.r_[np.ones(16), np.zeros(4)].astype(np.int8))]]
+    gap = sp.oracle_gap(orc, "solve_rate")
+    assert gap[0]["solve_rate_gap"] == pytest.approx(0.3) and gap[0]["mcnemar_p"] == pytest.approx(2 / 2 ** 6)

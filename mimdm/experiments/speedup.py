@@ -33,26 +33,97 @@ def generation_contexts(n: int, max_clues: int, rng) -> np.ndarray:
     return np.stack([sd.random_partial(s, int(rng.integers(0, max_clues + 1)), rng) for s in sols])
 
 
-def score_solving(out_tokens: torch.Tensor, puzzles: list[sd.Puzzle]) -> dict:
-    """Exact solve rate and validity (valid grid keeping the givens) of decoded puzzles."""
+def items_key(metric: str) -> str:
+    """Row key of the per-item outcomes of ``metric`` (0/1 per puzzle or grid, in input order):
+    ``"solve_rate_items"`` from `score_solving`, ``"valid_rate_items"`` from `score_generation` (with
+    ``per_item=True``). `matched_quality` and `oracle_gap` use them for paired comparisons;
+    `drop_items` removes them before rows are written to a results file."""
+    return f"{metric}_items"
+
+
+def score_solving(out_tokens: torch.Tensor, puzzles: list[sd.Puzzle], per_item: bool = False) -> dict:
+    """Exact solve rate and validity (valid grid keeping the givens) of decoded puzzles.
+
+    Args:
+        out_tokens: ``[N, 81]`` decoded grids as tokens.
+        puzzles: the ``N`` puzzles, in the same order.
+        per_item: also return ``items_key("solve_rate")``: ``[N]`` int8, 1 where the puzzle was solved exactly.
+
+    Returns:
+        ``{"solve_rate", "valid_rate"}`` as fractions (and the per-item outcomes).
+    """
     out = tokens_to_grids(out_tokens)
     givens = np.stack([p.puzzle for p in puzzles])
     solved = np.array([np.array_equal(o, p.solution) for o, p in zip(out, puzzles)])
     valid = sd.is_valid_solution_batch(out) & np.all((givens == 0) | (out == givens), axis=1)
-    return {"solve_rate": float(solved.mean()), "valid_rate": float(valid.mean())}
+    res = {"solve_rate": float(solved.mean()), "valid_rate": float(valid.mean())}
+    return {**res, items_key("solve_rate"): solved.astype(np.int8)} if per_item else res
 
 
-def score_generation(out_tokens: torch.Tensor, contexts: np.ndarray) -> dict:
+def score_generation(out_tokens: torch.Tensor, contexts: np.ndarray, per_item: bool = False) -> dict:
     """Validity (valid grid keeping the givens), and among the valid grids the fraction of distinct ones and
-    their mean pairwise Hamming distance / 81 (diversity)."""
+    their mean pairwise Hamming distance / 81 (diversity).
+
+    Args:
+        out_tokens: ``[N, 81]`` decoded grids as tokens.
+        contexts: ``[N, 81]`` the grids they were decoded from (0 = empty).
+        per_item: also return ``items_key("valid_rate")``: ``[N]`` int8, 1 where the grid is valid.
+    """
     out = tokens_to_grids(out_tokens)
     valid = sd.is_valid_solution_batch(out) & np.all((contexts == 0) | (out == contexts), axis=1)
     distinct = len({o.tobytes() for o in out[valid]}) / max(1, valid.sum())
     o = out[valid].astype(np.int16)
     ham = (o[:, None, :] != o[None, :, :]).mean(-1)
     iu = np.triu_indices(len(o), 1)
-    return {"valid_rate": float(valid.mean()), "distinct_valid": float(distinct),
-            "mean_hamming": float(ham[iu].mean()) if len(iu[0]) else float("nan")}
+    res = {"valid_rate": float(valid.mean()), "distinct_valid": float(distinct),
+           "mean_hamming": float(ham[iu].mean()) if len(iu[0]) else float("nan")}
+    return {**res, items_key("valid_rate"): valid.astype(np.int8)} if per_item else res
+
+
+def drop_items(rows: list[dict]) -> list[dict]:
+    """``rows`` without their per-item outcomes (keys ending in ``_items``), e.g. before writing them to a results file."""
+    return [{k: v for k, v in r.items() if not str(k).endswith("_items")} for r in rows]
+
+
+def paired_comparison(a, b, confidence: float = 0.95, n_resamples: int = 9999, seed: int = 0) -> dict:
+    """Paired comparison of two rules' 0/1 outcomes on the same items (e.g. puzzles solved by each).
+
+    Both rules decoded the same items, so their rates are compared item by item: the difference of
+    the rates with a paired percentile-bootstrap interval (`scipy.stats.bootstrap` over items), and
+    McNemar's exact test (McNemar 1947): a two-sided binomial test with p = 1/2 of the discordant
+    items, those only one rule got right (`scipy.stats.binomtest`). With no discordant item the
+    difference is 0, its interval (0, 0) and p = 1.
+
+    Args:
+        a, b: ``[N]`` 0/1 outcomes (arrays or lists), item ``n`` of each on the same input.
+        confidence: level of the interval.
+        n_resamples: bootstrap resamples; ``seed`` seeds them (same seed, same interval).
+
+    Returns:
+        ``{"difference", "ci_low", "ci_high"}`` (rate of ``a`` minus rate of ``b``, fractions),
+        ``"a_only"``, ``"b_only"`` (discordant counts), ``"n"`` and ``"mcnemar_p"``.
+
+    Raises:
+        ValueError: different lengths, no items, values other than 0/1, or ``confidence`` outside (0, 1).
+    """
+    from scipy.stats import binomtest, bootstrap
+
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.ndim != 1 or len(a) == 0:
+        raise ValueError(f"need two non-empty 1-D outcome vectors of one length, got shapes {a.shape} and {b.shape}")
+    if not (np.isin(a, (0, 1)).all() and np.isin(b, (0, 1)).all()):
+        raise ValueError("outcomes must be 0/1 per item")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    d = a.astype(np.float64) - b.astype(np.float64)
+    a_only, b_only = int((d > 0).sum()), int((d < 0).sum())
+    out = {"difference": float(d.mean()), "n": len(d), "a_only": a_only, "b_only": b_only}
+    if a_only + b_only == 0:
+        return {**out, "ci_low": 0.0, "ci_high": 0.0, "mcnemar_p": 1.0}
+    ci = bootstrap((d,), np.mean, confidence_level=confidence, n_resamples=n_resamples, method="percentile",
+                   random_state=np.random.default_rng(seed)).confidence_interval
+    p = binomtest(a_only, a_only + b_only, 0.5).pvalue
+    return {**out, "ci_low": float(ci.low), "ci_high": float(ci.high), "mcnemar_p": float(p)}
 
 
 MI_SETTINGS = ([(e, c) for c in (0.05, 0.1, 0.2, 0.3, 0.5, 1.0) for e in (0.003, 0.01, 0.03)]
@@ -157,21 +228,35 @@ def matched_quality(rows: list[dict], metric: str, tolerance: float = 0.01) -> l
     """Per rule, the lowest-NFE setting whose ``metric`` is within ``tolerance`` of sequential decoding.
 
     Returns rows ``{"rule", "knob", "entropy_cap", metric, "nfe", "nfe_reduction", "wallclock_reduction"}``
-    (reductions are sequential / rule); rules that never reach the quality are listed with NaN.
+    (reductions are sequential / rule); rules that never reach the quality are listed with NaN. When
+    the rows carry per-item outcomes of ``metric`` (`items_key`, from a score function with
+    ``per_item=True``), each row also gets the paired comparison of that setting with sequential
+    decoding on the same items (`paired_comparison`): ``"paired_difference"``, ``"paired_ci_low"``,
+    ``"paired_ci_high"`` (fractions) and ``"mcnemar_p"``.
     """
     seq = next(r for r in rows if r["rule"] == "sequential")
+    ik = items_key(metric)
+    paired = ik in seq
     out = []
     for name in dict.fromkeys(r["rule"] for r in rows):
         if name == "sequential":
             continue
         ok = [r for r in rows if r["rule"] == name and r[metric] >= seq[metric] - tolerance - 1e-9]
         if not ok:
-            out.append({"rule": name, "knob": math.nan, "entropy_cap": None, metric: math.nan, "nfe": math.nan,
-                        "nfe_reduction": math.nan, "wallclock_reduction": math.nan})
+            row = {"rule": name, "knob": math.nan, "entropy_cap": None, metric: math.nan, "nfe": math.nan,
+                   "nfe_reduction": math.nan, "wallclock_reduction": math.nan}
+            if paired:
+                row.update(paired_difference=math.nan, paired_ci_low=math.nan, paired_ci_high=math.nan, mcnemar_p=math.nan)
+            out.append(row)
             continue
         best = min(ok, key=lambda r: r["nfe"])
-        out.append({"rule": name, "knob": best["knob"], "entropy_cap": best.get("entropy_cap"), metric: best[metric], "nfe": best["nfe"],
-                    "nfe_reduction": seq["nfe"] / best["nfe"], "wallclock_reduction": seq["seconds"] / best["seconds"]})
+        row = {"rule": name, "knob": best["knob"], "entropy_cap": best.get("entropy_cap"), metric: best[metric], "nfe": best["nfe"],
+               "nfe_reduction": seq["nfe"] / best["nfe"], "wallclock_reduction": seq["seconds"] / best["seconds"]}
+        if paired:
+            c = paired_comparison(best[ik], seq[ik])
+            row.update(paired_difference=c["difference"], paired_ci_low=c["ci_low"], paired_ci_high=c["ci_high"],
+                       mcnemar_p=c["mcnemar_p"])
+        out.append(row)
     return out
 
 
@@ -194,15 +279,25 @@ def quality_at_budget(rows: list[dict], metric: str, budgets) -> list[dict]:
 
 
 def oracle_gap(rows: list[dict], metric: str) -> list[dict]:
-    """Head against probed-MI oracle at the same (ε, entropy cap) on the same contexts: quality and NFE of each, and the differences."""
+    """Head against probed-MI oracle at the same (ε, entropy cap) on the same contexts: quality and NFE of each, and the differences.
+
+    With per-item outcomes of ``metric`` in the rows (`items_key`), each entry also gets McNemar's exact p-value of the
+    oracle against the head on the same items (``"mcnemar_p"``, `paired_comparison`).
+    """
     key = lambda r: (r["knob"], r.get("entropy_cap"))  # noqa: E731
     head = {key(r): r for r in rows if r["rule"] == "MI-guided"}
     orc = {key(r): r for r in rows if r["rule"] == "MI-oracle"}
     both = sorted(set(head) & set(orc), key=lambda t: (t[1] is None, t[1] or 0, t[0]))
-    return [{"eps": e, "entropy_cap": c, f"head_{metric}": head[e, c][metric], f"oracle_{metric}": orc[e, c][metric],
-             "head_nfe": head[e, c]["nfe"], "oracle_nfe": orc[e, c]["nfe"],
-             f"{metric}_gap": orc[e, c][metric] - head[e, c][metric], "nfe_gap": head[e, c]["nfe"] - orc[e, c]["nfe"]}
-            for e, c in both]
+    out = []
+    for e, c in both:
+        h, o = head[e, c], orc[e, c]
+        row = {"eps": e, "entropy_cap": c, f"head_{metric}": h[metric], f"oracle_{metric}": o[metric],
+               "head_nfe": h["nfe"], "oracle_nfe": o["nfe"], f"{metric}_gap": o[metric] - h[metric], "nfe_gap": h["nfe"] - o["nfe"]}
+        ik = items_key(metric)
+        if ik in h and ik in o:
+            row["mcnemar_p"] = paired_comparison(o[ik], h[ik])["mcnemar_p"]
+        out.append(row)
+    return out
 
 
 def pareto_front(rows: list[dict], metric: str, higher_is_better: bool = True) -> list[dict]:
