@@ -195,11 +195,14 @@ def _draw_masks(kind: str, maskable_BL: Tensor, K: int, g: torch.Generator) -> t
     return masks.reshape(B, K, L), weights.reshape(B, K).to(maskable_BL.device)
 
 
+def _check_counts(n_samples, batch_size) -> None:
+    for name, v in (("n_samples", n_samples), ("batch_size", batch_size)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+            raise ValueError(f"{name} must be an integer ≥ 1, got {v!r}")
+
+
 def _estimate(kind: str, model, tokens_BL, n_samples, maskable_BL, seed, batch_size) -> Estimate:
-    if isinstance(n_samples, bool) or not isinstance(n_samples, numbers.Integral) or n_samples < 1:
-        raise ValueError(f"n_samples must be an integer ≥ 1, got {n_samples!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer ≥ 1, got {batch_size!r}")
+    _check_counts(n_samples, batch_size)
     tokens_BL, maskable_BL, vidx = _prepare(model, tokens_BL, maskable_BL)
     g = torch.Generator().manual_seed(seed)
     B, L = tokens_BL.shape
@@ -341,8 +344,7 @@ def log_likelihood_ratio(model: MaskedModel, x_BL: Tensor, y_BL: Tensor, n_sampl
         # independent draws: the per-draw differences are as good as any pairing of them
         return Estimate(value=ey.value - ex.value, stderr=(ex.stderr ** 2 + ey.stderr ** 2).sqrt(),
                         nfe=ex.nfe + ey.nfe, draws=ey.draws - ex.draws)
-    if n_samples < 1:
-        raise ValueError(f"n_samples must be ≥ 1, got {n_samples}")
+    _check_counts(n_samples, batch_size)
     x_BL, maskable_BL, vx = _prepare(model, x_BL, maskable_BL)
     y_BL, _, vy = _prepare(model, y_BL, maskable_BL)
     g = torch.Generator().manual_seed(seed)

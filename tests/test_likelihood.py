@@ -112,6 +112,13 @@ def test_coupled_ratio(oracle):
     # coupled identical sequences: every draw is exactly zero
     same = log_likelihood_ratio(model, x, x, n_samples=10, coupled=True)
     assert torch.equal(same.draws, torch.zeros_like(same.draws))
+    # the other estimators, coupled: unbiased too (the time integral skips empty masks, so fewer passes)
+    for est in ("time_free_harmonic", "time_integral"):
+        e = log_likelihood_ratio(model, x, y, n_samples=3000, coupled=True, estimator=est, seed=3)
+        assert ((e.value - exact).abs() < 4 * e.stderr + 1e-3).all(), est
+        assert (e.nfe <= 6000).all() and (e.nfe > 5000).all()
+    with pytest.raises(ValueError, match="n_samples must be an integer"):
+        log_likelihood_ratio(model, x, y, n_samples=1.5)
 
 
 def test_bad_input(oracle):
