@@ -171,6 +171,10 @@ def test_paired_comparison_mcnemar_and_bootstrap_interval():
     half = 1.959964 * math.sqrt((16 / n - d * d) / n)
     assert c["ci_low"] == pytest.approx(d - half, abs=0.01) and c["ci_high"] == pytest.approx(d + half, abs=0.01)
     assert sp.paired_comparison(a, b) == c  # seeded
+    assert np.isnan(sp.paired_comparison(a, b, interval=False)["ci_low"])
+    assert sp.paired_comparison(a, b, interval=False)["mcnemar_p"] == c["mcnemar_p"]
+    one = sp.paired_comparison([1], [0])  # one item: a test but no interval
+    assert one["mcnemar_p"] == 1.0 and np.isnan(one["ci_high"])
     same = sp.paired_comparison(a, a)
     assert (same["difference"], same["ci_low"], same["ci_high"], same["mcnemar_p"]) == (0.0, 0.0, 0.0, 1.0)
     for bad in [(a, b[:-1]), (a[:0], b[:0]), (a * 2, b)]:
@@ -200,6 +204,8 @@ def test_per_item_outcomes_feed_paired_matched_and_oracle_rows():
     assert m["top-k"]["paired_difference"] == pytest.approx(-0.05) and m["top-k"]["mcnemar_p"] == pytest.approx(1.0)
     assert m["top-k"]["paired_ci_low"] < -0.0 <= m["top-k"]["paired_ci_high"]
     assert np.isnan(m["EB-sampler"]["mcnemar_p"])
+    no_items = [rows[0], {k: v for k, v in rows[1].items() if k != K}]  # a rule scored without per-item outcomes
+    assert np.isnan(sp.matched_quality(no_items, "solve_rate", 0.05)[0]["mcnemar_p"])
     assert "mcnemar_p" not in sp.matched_quality([{**r, "neg": -r["nfe"]} for r in rows], "neg", 1.0)[0]  # other metric: unpaired
     assert all(K not in r for r in sp.drop_items(rows)) and K in rows[0]
     orc = [{"rule": r, "knob": 0.01, "entropy_cap": 0.3, "nfe": 10, "solve_rate": v.mean(), K: v}

@@ -251,6 +251,9 @@ def test_apc_nan_ignores_missing_pairs():
 
 def test_results_name_keeps_the_default_record():
     assert xp.results_name(FamilySpec()) == "protein"
-    assert xp.results_name(FamilySpec(alignment="/data/S1A/halabi_alignment.fasta", structure="x/3tgi.pdb")) == \
-        "protein_halabi_alignment"
-    assert xp.results_name(FamilySpec(structure="my 2NRF.pdb")) == "protein_dhfr_my_2NRF"
+    assert xp.results_name(FamilySpec(alignment="/data/S1A/halabi_alignment.fasta", structure="x/3tgi.pdb", chain="E")) == \
+        "protein_halabi_alignment_3tgiE"
+    assert xp.results_name(FamilySpec(structure="my 2NRF.pdb")) == "protein_dhfr_my-2NRFA"
+    names = {xp.results_name(s) for s in (FamilySpec(native_id="P0ABQ4.1"), FamilySpec(chain="B"), FamilySpec(split_seed=1),
+                                          FamilySpec(alignment="a/alignment.fasta"), FamilySpec())}
+    assert len(names) == 5  # any departure from the default gets its own file

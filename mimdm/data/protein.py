@@ -446,7 +446,8 @@ def split_by_cluster(aligned_seqs: list[str], fractions: tuple[float, float, flo
     N = len(aligned_seqs)
     if N == 0:
         raise ValueError("no sequences to split")
-    if clusters is None:
+    given = clusters is not None
+    if not given:
         clusters = identity_clusters(aligned_seqs, threshold)
     raw = np.asarray(clusters)
     if raw.ndim != 1 or len(raw) != N:
@@ -458,7 +459,8 @@ def split_by_cluster(aligned_seqs: list[str], fractions: tuple[float, float, flo
     sizes = np.bincount(clusters, minlength=K)
     need = sum(f > 0 for f in fr)
     if int((sizes > 0).sum()) < need:
-        raise ValueError(f"only {int((sizes > 0).sum())} identity cluster(s) at threshold {threshold}: cannot fill "
+        where = "given" if given else f"at threshold {threshold}"
+        raise ValueError(f"only {int((sizes > 0).sum())} identity cluster(s) {where}: cannot fill "
                          f"{need} splits; raise the threshold or use fewer splits")
     target = np.array(fr) * N
     count = np.zeros(3)

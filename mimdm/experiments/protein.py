@@ -185,15 +185,28 @@ def contact_scores(score_LL: np.ndarray, contacts: np.ndarray, evaluable: np.nda
 
 
 def results_name(spec) -> str:
-    """Stem of chapter 4's results file for a family: ``"protein"`` for the default (DHFR alignment and
-    3QL0), ``"protein_<alignment file stem>"`` otherwise, so that a run on another family does not
-    overwrite the committed DHFR record (e.g. ``halabi_alignment.fasta`` -> ``protein_halabi_alignment``)."""
+    """Stem of chapter 4's results file for a family: ``"protein"`` for the default family spec (DHFR
+    alignment, 3QL0 chain A, default native and split), otherwise ``"protein_<alignment stem>_<structure
+    stem><chain>"`` (plus ``_<native_id>`` and ``_split<digest>`` when those differ from the default), so that a
+    run on another family or structure does not overwrite the committed DHFR record
+    (e.g. ``halabi_alignment.fasta`` with ``3tgi.pdb`` chain E -> ``protein_halabi_alignment_3tgiE``)."""
+    import hashlib
     import re
 
-    if spec.alignment == "dhfr" and spec.structure == "dhfr":
+    from ..models.protein_zoo import FamilySpec
+
+    default = FamilySpec()
+    if spec == default:
         return "protein"
-    stem = Path(spec.alignment).name.split(".")[0] if spec.alignment != "dhfr" else "dhfr_" + Path(spec.structure).stem
-    return "protein_" + (re.sub(r"[^A-Za-z0-9_-]+", "_", stem).strip("_") or "family")
+    aln = "dhfr" if spec.alignment == "dhfr" else Path(spec.alignment).name.split(".")[0]
+    pdb = "3QL0" if spec.structure == "dhfr" else Path(spec.structure).stem
+    parts = [aln, f"{pdb}{spec.chain}"]
+    if spec.native_id is not None:
+        parts.append(str(spec.native_id))
+    split = {k: getattr(spec, k) for k in ("split_threshold", "split_fractions", "split_seed")}
+    if split != {k: getattr(default, k) for k in split}:
+        parts.append("split" + hashlib.sha256(repr(sorted(split.items())).encode()).hexdigest()[:6])
+    return "protein_" + "_".join(re.sub(r"[^A-Za-z0-9_-]+", "-", x).strip("-") or "x" for x in parts)
 
 
 # --------------------------------------------------------------------------------------- MI head labels
@@ -224,8 +237,8 @@ def protein_label_shard(model: ESMCMDM, family: FamilyData, cfg: ProteinLabelCon
 
     Rows are drawn uniformly from the family members with at least ``cfg.window`` residues, so each
     split's share follows the cluster split; shard 0 also holds at least one context of every split
-    that has such members (when it has at least two contexts per split), so that even a small label
-    set can be validated and tested.
+    that has such members (when it has at least as many contexts as splits, three), so that even a
+    small label set can be validated and tested.
 
     Raises:
         ValueError: no family member has ``cfg.window`` residues; as `mimdm.probing.probe_mi`.

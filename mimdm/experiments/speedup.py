@@ -85,19 +85,25 @@ def drop_items(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not str(k).endswith("_items")} for r in rows]
 
 
-def paired_comparison(a, b, confidence: float = 0.95, n_resamples: int = 9999, seed: int = 0) -> dict:
+def paired_comparison(a, b, confidence: float = 0.95, n_resamples: int = 9999, seed: int = 0,
+                      interval: bool = True) -> dict:
     """Paired comparison of two rules' 0/1 outcomes on the same items (e.g. puzzles solved by each).
 
     Both rules decoded the same items, so their rates are compared item by item: the difference of
     the rates with a paired percentile-bootstrap interval (`scipy.stats.bootstrap` over items), and
     McNemar's exact test (McNemar 1947): a two-sided binomial test with p = 1/2 of the discordant
     items, those only one rule got right (`scipy.stats.binomtest`). With no discordant item the
-    difference is 0, its interval (0, 0) and p = 1.
+    difference is 0, its interval (0, 0) and p = 1; with a single item the interval is NaN.
+
+    When ``a`` is a setting chosen on these same items (e.g. the cheapest one within a tolerance of
+    ``b``, `matched_quality`), the interval and p-value are conditional on that choice and lean
+    towards "no difference"; a held-out set of items would be needed for an unconditional test.
 
     Args:
         a, b: ``[N]`` 0/1 outcomes (arrays or lists), item ``n`` of each on the same input.
         confidence: level of the interval.
         n_resamples: bootstrap resamples; ``seed`` seeds them (same seed, same interval).
+        interval: False skips the bootstrap (``ci_low``/``ci_high`` NaN) when only the test is needed.
 
     Returns:
         ``{"difference", "ci_low", "ci_high"}`` (rate of ``a`` minus rate of ``b``, fractions),
@@ -120,10 +126,12 @@ def paired_comparison(a, b, confidence: float = 0.95, n_resamples: int = 9999, s
     out = {"difference": float(d.mean()), "n": len(d), "a_only": a_only, "b_only": b_only}
     if a_only + b_only == 0:
         return {**out, "ci_low": 0.0, "ci_high": 0.0, "mcnemar_p": 1.0}
+    p = float(binomtest(a_only, a_only + b_only, 0.5).pvalue)
+    if not interval or len(d) < 2:
+        return {**out, "ci_low": math.nan, "ci_high": math.nan, "mcnemar_p": p}
     ci = bootstrap((d,), np.mean, confidence_level=confidence, n_resamples=n_resamples, method="percentile",
                    random_state=np.random.default_rng(seed)).confidence_interval
-    p = binomtest(a_only, a_only + b_only, 0.5).pvalue
-    return {**out, "ci_low": float(ci.low), "ci_high": float(ci.high), "mcnemar_p": float(p)}
+    return {**out, "ci_low": float(ci.low), "ci_high": float(ci.high), "mcnemar_p": p}
 
 
 MI_SETTINGS = ([(e, c) for c in (0.05, 0.1, 0.2, 0.3, 0.5, 1.0) for e in (0.003, 0.01, 0.03)]
@@ -231,8 +239,10 @@ def matched_quality(rows: list[dict], metric: str, tolerance: float = 0.01) -> l
     (reductions are sequential / rule); rules that never reach the quality are listed with NaN. When
     the rows carry per-item outcomes of ``metric`` (`items_key`, from a score function with
     ``per_item=True``), each row also gets the paired comparison of that setting with sequential
-    decoding on the same items (`paired_comparison`): ``"paired_difference"``, ``"paired_ci_low"``,
-    ``"paired_ci_high"`` (fractions) and ``"mcnemar_p"``.
+    decoding on the same items (`paired_comparison`, the rule minus sequential): ``"paired_difference"``,
+    ``"paired_ci_low"``, ``"paired_ci_high"`` (fractions) and ``"mcnemar_p"`` (NaN where the chosen
+    row has no per-item outcomes). The setting is chosen on these same items, so the comparison is
+    conditional on that choice (see `paired_comparison`).
     """
     seq = next(r for r in rows if r["rule"] == "sequential")
     ik = items_key(metric)
@@ -252,7 +262,9 @@ def matched_quality(rows: list[dict], metric: str, tolerance: float = 0.01) -> l
         best = min(ok, key=lambda r: r["nfe"])
         row = {"rule": name, "knob": best["knob"], "entropy_cap": best.get("entropy_cap"), metric: best[metric], "nfe": best["nfe"],
                "nfe_reduction": seq["nfe"] / best["nfe"], "wallclock_reduction": seq["seconds"] / best["seconds"]}
-        if paired:
+        if paired and ik not in best:
+            row.update(paired_difference=math.nan, paired_ci_low=math.nan, paired_ci_high=math.nan, mcnemar_p=math.nan)
+        elif paired:
             c = paired_comparison(best[ik], seq[ik])
             row.update(paired_difference=c["difference"], paired_ci_low=c["ci_low"], paired_ci_high=c["ci_high"],
                        mcnemar_p=c["mcnemar_p"])
@@ -295,7 +307,7 @@ def oracle_gap(rows: list[dict], metric: str) -> list[dict]:
                "head_nfe": h["nfe"], "oracle_nfe": o["nfe"], f"{metric}_gap": o[metric] - h[metric], "nfe_gap": h["nfe"] - o["nfe"]}
         ik = items_key(metric)
         if ik in h and ik in o:
-            row["mcnemar_p"] = paired_comparison(o[ik], h[ik])["mcnemar_p"]
+            row["mcnemar_p"] = paired_comparison(o[ik], h[ik], interval=False)["mcnemar_p"]
         out.append(row)
     return out
 
