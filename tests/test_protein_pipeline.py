@@ -247,6 +247,14 @@ def test_apc_nan_ignores_missing_pairs():
     B = A.copy(); B[0, 3] = B[3, 0] = np.nan
     out = xp.apc_nan(B)
     assert np.isnan(out[0, 3]) and np.isfinite(out[1, 2])
+    C = A.copy(); C[2, :] = C[:, 2] = np.nan  # position 2 never masked with another: NaN row, quietly
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = xp.apc_nan(C)
+    assert np.isnan(out[2, [0, 1, 3]]).all() and np.isfinite(out[0, 1])
+    keep = [0, 1, 3, 4, 5]
+    assert np.allclose(out[np.ix_(keep, keep)], xp.pr.apc(A[np.ix_(keep, keep)]))
 
 
 def test_results_name_keeps_the_default_record():

@@ -79,8 +79,10 @@ def apc_nan(matrix: np.ndarray) -> np.ndarray:
     """
     M = np.array(matrix, dtype=np.float64)
     np.fill_diagonal(M, np.nan)
-    row = np.nanmean(M, 1)
-    overall = np.nanmean(M)
+    seen = ~np.isnan(M)
+    n_row = seen.sum(1)  # a position never masked with another has no observed pair: its row mean is NaN
+    row = np.divide(np.nansum(M, 1), n_row, out=np.full(len(M), np.nan), where=n_row > 0)
+    overall = np.nansum(M) / seen.sum() if seen.any() else np.nan
     out = M - (np.outer(row, row) / overall if overall != 0 else 0.0)
     np.fill_diagonal(out, 0.0)
     return out
