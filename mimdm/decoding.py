@@ -39,6 +39,7 @@ class StepInfo:
     tokens: Tensor  # [B, L]
     hidden: Tensor  # [B, L, D]
     generator: torch.Generator
+    log_probs: Tensor | None = None  # [B, L, V] as `MaskedModel.log_probs` gives them (float64 for float64 models)
 
 
 class Rule:
@@ -205,7 +206,8 @@ class MIGuided(Rule):
         mi_fn: ``(info, model) -> (MI [B, L, L] nats, extra passes dict)``; see `head_mi_fn`,
             `oracle_mi_fn` and `zero_mi_fn`. An ``mi_fn`` with ``takes_candidates = True`` is
             called with ``candidates=`` ``[B, L]`` bool, the masked positions within the entropy
-            cap (the only ones that can join a set with another), and needs to give MI only
+            cap (the only ones that can join a set with another) in rows that have at least two of
+            them (none elsewhere: a lone candidate is unmasked alone), and needs to give MI only
             between those (`head_mi_fn` and `oracle_mi_fn` do: a cheaper head pass, far fewer
             probing passes).
         eps: largest MI (nats) a candidate may have with any chosen position.
@@ -245,8 +247,10 @@ class MIGuided(Rule):
         rows = torch.arange(B, device=ent.device)
         if getattr(self.mi_fn, "takes_candidates", False):
             # MI is read only between admitted positions; after the first, only those within the cap are
-            # admitted, and the first (lowest entropy) is within the cap whenever any other is
+            # admitted, and the first (lowest entropy) is within the cap whenever any other is; a row with
+            # fewer than two candidates takes its first position alone and needs no MI
             cand = info.masked & (ent <= self.entropy_cap)
+            cand &= cand.sum(1, keepdim=True) >= 2
             mi, extra = self.mi_fn(info, model, candidates=cand)
         else:
             mi, extra = self.mi_fn(info, model)
@@ -318,8 +322,12 @@ def oracle_mi_fn(delta: float = 0.0, batch_tokens: int = 81 * 512):
 
     `MIGuided` passes the positions it can admit (``candidates``); only those are probed
     (`mimdm.probing.probe_mi` with ``positions_BL``), which gives the same MI between them as probing
-    every masked position, for 1 + Σ_{j in candidates} (values probed at j) passes per sequence and
-    step instead of 1 + Σ_{j masked}. Without a candidate set, every masked position is probed.
+    every masked position, for Σ_{j in candidates} (values probed at j) passes per sequence and step
+    instead of Σ_{j masked}. Without a candidate set, every masked position is probed. Probing's first
+    pass (the conditionals of the step's own context) is the decoding step's forward pass, already
+    counted in NFE: the step's log-probabilities are reused (``base_log_probs`` of `probe_mi`) when the
+    model runs in fp32, the precision probing runs in; under bf16 that pass is rerun in fp32 and
+    counted as one more probing pass.
     ``delta`` and ``batch_tokens`` are those of `probe_mi` (the MI is the study's symmetrised
     probed MI, `mimdm.probing`).
 
@@ -330,7 +338,9 @@ def oracle_mi_fn(delta: float = 0.0, batch_tokens: int = 81 * 512):
     from .probing import probe_mi
 
     def fn(info: StepInfo, model: MaskedModel, candidates=None):
-        res = probe_mi(model, info.tokens, delta=delta, batch_tokens=batch_tokens, positions_BL=candidates)
+        base = info.log_probs if model.precision == "fp32" else None
+        res = probe_mi(model, info.tokens, delta=delta, batch_tokens=batch_tokens, positions_BL=candidates,
+                       base_log_probs=base)
         return res.mi.float(), {"probe_passes": int(res.nfe.sum())}
 
     fn.layer = -1
@@ -416,7 +426,10 @@ def _decode(model: MaskedModel, tokens_BL: Tensor, rule: Rule, temperature: floa
             p = logp.exp()
             ma = masked[active]
             ent = -(p * logp.clamp_min(-1e30)).sum(-1) * ma
-            info = StepInfo(probs=p, entropy=ent, masked=ma, tokens=xa, hidden=out.hidden, generator=gen)
+            logp_model = logp if out.logits.dtype != torch.float64 else \
+                torch.log_softmax(out.logits.masked_fill(~legal, float("-inf")), -1)
+            info = StepInfo(probs=p, entropy=ent, masked=ma, tokens=xa, hidden=out.hidden, generator=gen,
+                            log_probs=logp_model)
             sel = rule.select(info, model)
             if not (sel.any(1)).all() or (sel & ~ma).any():
                 raise RuntimeError(f"rule {rule.name} selected no or unmasked positions")

@@ -47,7 +47,8 @@ class ProbeResult:
         masked: ``[B, L]`` bool.
         n_values: ``[B, L]`` long, values probed per position (0 at unmasked positions and at
             those left out by ``positions_BL``).
-        nfe: ``[B]`` long, forward passes spent on each context (1 + Σ_j n_values[j]).
+        nfe: ``[B]`` long, forward passes spent on each context (1 + Σ_j n_values[j]; Σ_j n_values[j]
+            when ``base_log_probs`` is given).
         seconds: wall-clock of the whole call.
     """
 
@@ -80,7 +81,8 @@ def _sync(device: torch.device) -> None:
 
 @torch.no_grad()
 def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_tokens: int | str = 81 * 512,
-             positions_BL: Tensor | None = None, precision: str | None = "fp32") -> ProbeResult:
+             positions_BL: Tensor | None = None, precision: str | None = "fp32",
+             base_log_probs: Tensor | None = None) -> ProbeResult:
     """Ground-truth pairwise conditional MI between the masked positions of each context.
 
     Args:
@@ -104,6 +106,10 @@ def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_to
             puts a floor under it: on the `cpu` Sudoku MDM (8 contexts, 50 masked cells,
             bf16 autocast on the CPU) the mean error was 5e-4 nats (max 0.02), and 1.6-1.9% of pairs
             fell on the other side of ε = 3e-4 or 1e-3 nats.
+        base_log_probs: optional ``[B, L, V]`` (or ``[L, V]``) log-probabilities of ``tokens_BL`` from
+            this model, already computed (a decoding step's own forward pass: `mimdm.decoding.oracle_mi_fn`
+            passes them), used instead of probing's first pass, which is then not run and not counted
+            in ``nfe``. The caller vouches that they come from this model, in the precision probing runs in.
 
     Returns:
         `ProbeResult` (MI in nats, NFE per context, seconds). ``marginals``, ``entropy`` and
@@ -112,7 +118,8 @@ def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_to
     Raises:
         ValueError: ``delta`` outside [0, 1), ``batch_tokens < 1`` or not ``"auto"``; ``positions_BL``
             of another shape than ``tokens_BL`` or holding an unmasked position; ``precision`` not
-            ``"fp32"``, ``"bf16"`` or None; and whatever
+            ``"fp32"``, ``"bf16"`` or None; ``base_log_probs`` of another shape than ``[B, L, V]``;
+            and whatever
             `MaskedModel.check_tokens` raises (bad shape, ids, length, device).
         RuntimeError: ``precision="bf16"`` on a model that is not on a CUDA device with bf16.
     """
@@ -125,7 +132,11 @@ def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_to
     if tokens_BL.dim() == 1:
         tokens_BL = tokens_BL[None]
         positions_BL = None if positions_BL is None else positions_BL[None]
+        base_log_probs = None if base_log_probs is None else base_log_probs[None]
     model.check_tokens(tokens_BL)
+    if base_log_probs is not None and base_log_probs.shape != (*tokens_BL.shape, model.n_values):
+        raise ValueError(f"base_log_probs has shape {tuple(base_log_probs.shape)}; expected "
+                         f"{(*tokens_BL.shape, model.n_values)} ([B, L, V] for tokens_BL of shape {tuple(tokens_BL.shape)})")
     if positions_BL is not None:
         if positions_BL.shape != tokens_BL.shape:
             raise ValueError(f"positions_BL has shape {tuple(positions_BL.shape)}, tokens_BL {tuple(tokens_BL.shape)}; "
@@ -146,19 +157,24 @@ def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_to
                 from .device import auto_batch_tokens
 
                 batch_tokens = auto_batch_tokens(model, tokens_BL.shape[1], default=512 * tokens_BL.shape[1])
-            return _probe(model, tokens_BL, delta, max(1, batch_tokens // tokens_BL.shape[1]), positions_BL)
+            return _probe(model, tokens_BL, delta, max(1, batch_tokens // tokens_BL.shape[1]), positions_BL,
+                          base_log_probs)
     finally:
         model.train(was_training)
         model.precision = was_precision
 
 
-def _probe(model: MaskedModel, tokens_BL: Tensor, delta: float, rows: int, positions_BL: Tensor | None = None) -> ProbeResult:
+def _probe(model: MaskedModel, tokens_BL: Tensor, delta: float, rows: int, positions_BL: Tensor | None = None,
+           base_log_probs: Tensor | None = None) -> ProbeResult:
     dev = tokens_BL.device
     _sync(dev)
     t0 = time.perf_counter()
     B, L = tokens_BL.shape
     V = model.n_values
-    base = torch.cat([model.log_probs(tokens_BL[s:s + rows]).double() for s in range(0, B, rows)])  # [B, L, V]
+    if base_log_probs is None:
+        base = torch.cat([model.log_probs(tokens_BL[s:s + rows]).double() for s in range(0, B, rows)])  # [B, L, V]
+    else:
+        base = base_log_probs.to(device=dev, dtype=torch.float64)
     masked = model.is_masked(tokens_BL)
     marg = base.exp() * masked[..., None]
     if torch.isnan(marg).any():
@@ -175,7 +191,7 @@ def _probe(model: MaskedModel, tokens_BL: Tensor, delta: float, rows: int, posit
 
     mi_d = torch.zeros(B, L, L, dtype=torch.float64, device=dev)
     n_values = torch.zeros(B, L, dtype=torch.long, device=dev)
-    nfe = torch.ones(B, dtype=torch.long, device=dev)
+    nfe = torch.full((B,), int(base_log_probs is None), dtype=torch.long, device=dev)
     # contexts are processed in groups of about 4 passes' worth of probes; only the masked
     # positions' conditionals are kept, so memory stays bounded by the budget, not by B
     b = 0

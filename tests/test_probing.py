@@ -80,6 +80,19 @@ def test_probing_a_subset_gives_the_same_mi_between_its_positions_for_fewer_pass
         probe_mi(potts, x, positions_BL=sub[:, :3])
 
 
+def test_given_base_log_probs_replace_the_first_pass(potts):
+    """A decoding step's own log-probabilities stand in for probing's first pass: same MI, one pass fewer."""
+    x = _contexts(potts, 6, 5)
+    full = probe_mi(potts, x)
+    reused = probe_mi(potts, x, base_log_probs=potts.log_probs(x))
+    assert torch.allclose(reused.mi, full.mi, rtol=0, atol=1e-12)
+    assert torch.equal(reused.n_values, full.n_values) and torch.equal(reused.nfe, full.nfe - 1)
+    one = probe_mi(potts, x[0], base_log_probs=potts.log_probs(x[:1])[0])  # a single context as [L] and [L, V]
+    assert torch.allclose(one.mi[0], full.mi[0], rtol=0, atol=1e-12) and one.nfe.item() == full.nfe[0].item() - 1
+    with pytest.raises(ValueError, match=r"base_log_probs has shape \(6, 6\)"):
+        probe_mi(potts, x, base_log_probs=potts.log_probs(x)[..., 0])
+
+
 def test_exact_mi_closed_form_for_two_copies():
     """X1 = X2 uniform over V values and independent X3: I(X1;X2) = ln V, others 0."""
     V = 4
