@@ -326,8 +326,9 @@ def oracle_mi_fn(delta: float = 0.0, batch_tokens: int = 81 * 512):
     instead of Σ_{j masked}. Without a candidate set, every masked position is probed. Probing's first
     pass (the conditionals of the step's own context) is the decoding step's forward pass, already
     counted in NFE: the step's log-probabilities are reused (``base_log_probs`` of `probe_mi`) when the
-    model runs in fp32, the precision probing runs in; under bf16 that pass is rerun in fp32 and
-    counted as one more probing pass.
+    model runs in fp32 (its precision fp32 and no autocast around `decode`), the precision probing runs
+    in; under bf16 that pass is rerun in fp32 and counted as one more probing pass per probed sequence
+    and step. Sequences without candidates are not probed.
     ``delta`` and ``batch_tokens`` are those of `probe_mi` (the MI is the study's symmetrised
     probed MI, `mimdm.probing`).
 
@@ -338,10 +339,17 @@ def oracle_mi_fn(delta: float = 0.0, batch_tokens: int = 81 * 512):
     from .probing import probe_mi
 
     def fn(info: StepInfo, model: MaskedModel, candidates=None):
-        base = info.log_probs if model.precision == "fp32" else None
-        res = probe_mi(model, info.tokens, delta=delta, batch_tokens=batch_tokens, positions_BL=candidates,
-                       base_log_probs=base)
-        return res.mi.float(), {"probe_passes": int(res.nfe.sum())}
+        B, L = info.masked.shape
+        mi = torch.zeros(B, L, L, device=info.masked.device)
+        rows = torch.arange(B, device=mi.device) if candidates is None else torch.nonzero(candidates.any(1)).squeeze(1)
+        if len(rows) == 0:
+            return mi, {"probe_passes": 0}
+        fp32 = model.precision == "fp32" and not torch.is_autocast_enabled(info.tokens.device.type)
+        base = info.log_probs[rows] if fp32 and info.log_probs is not None else None
+        res = probe_mi(model, info.tokens[rows], delta=delta, batch_tokens=batch_tokens,
+                       positions_BL=None if candidates is None else candidates[rows], base_log_probs=base)
+        mi[rows] = res.mi.float()
+        return mi, {"probe_passes": int(res.nfe.sum())}
 
     fn.layer = -1
     fn.takes_candidates = True

@@ -97,7 +97,8 @@ def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_to
             these are probed and read, so MI is computed between them alone (the other masked
             positions stay masked in every probe, so the values are the same as in the full
             probe) and is 0 in the rows and columns of every other position; ``n_values`` counts
-            only these. Costs 1 + Σ_{j in subset} n_values[j] passes instead of 1 + Σ_{j in M}.
+            only these. Costs 1 + Σ_{j in subset} n_values[j] passes instead of 1 + Σ_{j in M} (without
+            the 1 when ``base_log_probs`` is given).
             `mimdm.decoding.oracle_mi_fn` passes a decoding step's candidates here.
         precision: precision of probing's forward passes: ``"fp32"`` (default) whatever the
             model's own setting (`MaskedModel.set_precision`, restored afterwards) or an enclosing

@@ -119,6 +119,28 @@ def test_mi_guided_oracle_on_exact_model_unmasks_independent_positions_together(
     assert (par.nfe == 1).all() and 0.5 < (par.tokens[:, 0] != par.tokens[:, 1]).float().mean() < 0.8
 
 
+def test_mi_oracle_passes_counted_are_the_passes_run():
+    """Every row the model sees is counted once: in NFE (the step's own pass, reused as probing's first pass) or
+    in the probing passes; under autocast the first pass is rerun in fp32 and counted as probing."""
+    model = TableJointMDM.from_table(potts_chain_log_joint(7, 3, coupling=1.5, generator=torch.Generator().manual_seed(2)))
+    seen = []
+    forward = model._forward
+
+    def counting(tokens_BL, layer):
+        seen.append(len(tokens_BL))
+        return forward(tokens_BL, layer)
+
+    model._forward = counting
+    x = torch.full((12, 7), model.mask_id)
+    out = decode(model, x, MIGuided(oracle_mi_fn(), eps=0.02, entropy_cap=1.0), temperature=1.0, seed=3)
+    assert sum(seen) == out.nfe.sum().item() + out.extra_passes["probe_passes"]
+    seen.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        rerun = decode(model, x, MIGuided(oracle_mi_fn(), eps=0.02, entropy_cap=1.0), temperature=1.0, seed=3)
+    assert sum(seen) == rerun.nfe.sum().item() + rerun.extra_passes["probe_passes"]
+    assert torch.equal(rerun.tokens, out.tokens) and rerun.extra_passes["probe_passes"] > out.extra_passes["probe_passes"]
+
+
 @pytest.mark.parametrize("cap", [1.0, math.inf])
 def test_mi_oracle_probes_only_candidates_and_decides_as_probing_every_masked_position(cap):
     """A Potts chain (exact MI): the oracle given the step's candidates probes only those, and decodes exactly
@@ -136,8 +158,8 @@ def test_mi_oracle_probes_only_candidates_and_decides_as_probing_every_masked_po
     b = decode(model, x, MIGuided(full, eps=0.02, entropy_cap=cap), temperature=1.0, seed=3)
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.step_of, b.step_of) and torch.equal(a.nfe, b.nfe)
     assert (a.nfe > 1).any() and (a.nfe < 7).any()  # MI and cap both shape the steps
-    # without a cap every masked position is a candidate, except in a row with one masked position left,
-    # which needs no MI; with a cap fewer still are
+    # without a cap every masked position is a candidate, except in a row with one masked position left, which
+    # needs no MI (this seeded run reaches such a step, so the count is strictly lower); with a cap fewer still are
     assert a.extra_passes["probe_passes"] < b.extra_passes["probe_passes"]
 
 

@@ -86,11 +86,29 @@ def test_given_base_log_probs_replace_the_first_pass(potts):
     full = probe_mi(potts, x)
     reused = probe_mi(potts, x, base_log_probs=potts.log_probs(x))
     assert torch.allclose(reused.mi, full.mi, rtol=0, atol=1e-12)
+    # the given log-probabilities are the marginals used (not a rerun pass): a tempered base shows through
+    tempered = torch.log_softmax(potts.log_probs(x) * 0.5, -1)
+    assert torch.allclose(probe_mi(potts, x, base_log_probs=tempered).marginals, tempered.exp() * full.masked[..., None],
+                          rtol=0, atol=1e-12)
     assert torch.equal(reused.n_values, full.n_values) and torch.equal(reused.nfe, full.nfe - 1)
     one = probe_mi(potts, x[0], base_log_probs=potts.log_probs(x[:1])[0])  # a single context as [L] and [L, V]
     assert torch.allclose(one.mi[0], full.mi[0], rtol=0, atol=1e-12) and one.nfe.item() == full.nfe[0].item() - 1
     with pytest.raises(ValueError, match=r"base_log_probs has shape \(6, 6\)"):
         probe_mi(potts, x, base_log_probs=potts.log_probs(x)[..., 0])
+
+
+def test_an_inconsistent_model_has_directed_mi_that_disagrees():
+    """A random-init Sudoku MDM is no joint distribution: I_{j->i} != I_{i->j}; mi is their mean, asymmetry the gap."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = SudokuMDM(SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)).eval()
+    x = grids_to_tokens(np.stack([sd.random_partial(g, 70, np.random.default_rng(0)) for g in sd.random_solutions(2, 0)]))
+    res = probe_mi(model, x)
+    d = res.directed
+    assert torch.equal(res.asymmetry, (d - d.transpose(1, 2)).abs())
+    assert torch.allclose(res.mi, (d + d.transpose(1, 2)) / 2, rtol=0, atol=1e-15)
+    pair = res.masked[:, :, None] & res.masked[:, None, :]
+    assert res.asymmetry[pair].max() > 1e-6 and (res.asymmetry[~pair] == 0).all()
 
 
 def test_exact_mi_closed_form_for_two_copies():
@@ -247,7 +265,8 @@ def test_graph_recovery_perfect_and_random():
 
 def test_correlation_values():
     c = correlation([1, 2, 3, 4], [2, 4, 6, 8.5])
-    assert c["pearson"] > 0.99 and c["spearman"] == pytest.approx(1.0)
+    # sums of products of deviations from the means (2.5, 5.125): 10.75, 5 and 23.1875
+    assert c["pearson"] == pytest.approx(10.75 / math.sqrt(5 * 23.1875), abs=1e-12) and c["spearman"] == pytest.approx(1.0)
     assert c["mae"] == pytest.approx((1 + 2 + 3 + 4.5) / 4)
 
 

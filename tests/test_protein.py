@@ -253,6 +253,46 @@ def test_apc_formula():
         pr.apc(np.zeros((3, 4)))
 
 
+def test_sequence_weights_count_neighbours_at_the_threshold():
+    """1 / (rows at >= threshold identity, itself included): two copies and a 90%-identical row form one
+    cluster at 80% and split at 95%; an unrelated row weighs 1."""
+    seqs = ["AAAAAAAAAA", "AAAAAAAAAA", "AAAAAAAAAC", "CCCCCCCCCC"]
+    assert np.allclose(pr.sequence_weights(seqs, threshold=0.8), [1 / 3, 1 / 3, 1 / 3, 1])
+    assert np.allclose(pr.sequence_weights(seqs, threshold=0.95), [1 / 2, 1 / 2, 1, 1])
+    assert np.allclose(pr.sequence_weights(seqs, threshold=0.9), [1 / 3, 1 / 3, 1 / 3, 1])  # identity 0.9 counts
+    assert pr.sequence_weights(seqs, threshold=0.8).sum() == pytest.approx(2.0)  # N_eff
+
+
+def test_precision_at_by_hand():
+    """Six positions, scores and contacts placed by hand: separation window, evaluable mask, ties, L override."""
+    L = 6
+    scores, contacts = np.zeros((L, L)), np.zeros((L, L), dtype=bool)
+    for (i, j), v, c in [((0, 2), 0.9, True), ((0, 4), 0.8, False), ((1, 3), 0.7, True), ((0, 5), 0.6, True),
+                         ((2, 5), 0.5, False), ((1, 5), 0.4, True)]:
+        scores[i, j], contacts[i, j] = v, c
+    # separation >= 2: ranked (0,2) .9 c, (0,4) .8, (1,3) .7 c, (0,5) .6 c, (2,5) .5, (1,5) .4 c, then zeros
+    assert precision_at(scores, contacts, 1, min_sep=2) == 1.0
+    assert precision_at(scores, contacts, 2, min_sep=2) == 0.5
+    assert precision_at(scores, contacts, 4, min_sep=2) == 0.75
+    # separation in [3, 4): only (0,3), (1,4), (2,5): scores 0, 0, .5 -> top-1 is (2,5), not a contact
+    assert precision_at(scores, contacts, 1, min_sep=3, max_sep=4) == 0.0
+    # ties broken row-major: with every score equal the first pair is (0, 2) at separation >= 2
+    assert precision_at(np.ones((L, L)), contacts, 1, min_sep=2) == 1.0
+    assert precision_at(np.ones((L, L)), contacts, 2, min_sep=2) == 0.5  # (0,2) c, (0,3) not
+    ev = np.ones((L, L), dtype=bool)
+    ev[0, 4] = False  # (0,4) has no structure residue: out of the ranking
+    assert precision_at(scores, contacts, 2, min_sep=2, evaluable_LL=ev) == 1.0
+    # P@L with L overridden: length 10 -> k = 10, 5, 2 over the 10 pairs at separation >= 2
+    assert precision_at_L(scores, contacts, min_sep=2, length=10) == {"P@L": 0.4, "P@L/2": 0.6, "P@L/5": 0.5}
+    assert precision_at_L(scores, contacts, min_sep=2) == {"P@L": 4 / 6, "P@L/2": 2 / 3, "P@L/5": 1.0}
+    with pytest.raises(ValueError, match="only 10 eligible pairs"):
+        precision_at_L(scores, contacts, min_sep=2, length=11)
+    nan = scores.copy()
+    nan[1, 4] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        precision_at(nan, contacts, 1, min_sep=2)
+
+
 def test_precision_at(structure):
     _, dist = structure
     L = len(dist)

@@ -14,8 +14,14 @@ from mimdm.models.training import TrainConfig
 
 @pytest.fixture(scope="module")
 def family():
-    with pytest.warns(UserWarning, match="non-standard"):
-        return load_family(FamilySpec())
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fam = load_family(FamilySpec())
+    msgs = [str(w.message) for w in caught]
+    assert any("non-standard" in m for m in msgs) and not any("column-trimmed" in m for m in msgs), msgs
+    return fam
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +39,29 @@ def test_family_split_and_native(family):
     mp = pr.map_to_structure(family.native, sseq)
     assert (mp >= 0).mean() > 0.95
     assert all(set(s) <= set(pr.AMINO_ACIDS) for s in family.seqs)
+
+
+def test_native_coverage_and_column_trimmed_alignment_warning(tmp_path, family):
+    """DHFR's native row covers 3QL0 chain A but for one residue; a row with ten inner residues cut out (what an
+    alignment with its insert columns removed gives) is flagged as column-trimmed."""
+    from mimdm.models.protein_zoo import native_coverage
+
+    cov = family.native_coverage
+    assert cov == {"chain_residues": 160, "mapped": 158, "chain_span": [cov["chain_span"][0], cov["chain_span"][0] + 158],
+                   "skipped_inside": 1}  # one chain residue without a counterpart: below the floor of 3, no warning
+    trimmed = family.native[:60] + family.native[70:]
+    sseq, _ = pr.contact_map(family.structure, family.chain)
+    assert native_coverage(trimmed, sseq) == {**cov, "mapped": 148, "skipped_inside": 11}
+    rng = np.random.default_rng(0)
+    fasta = tmp_path / "trimmed.fasta"
+    fasta.write_text("".join(f">r{i}\n{''.join(rng.choice(list(pr.AMINO_ACIDS), len(trimmed)))}\n" for i in range(30))
+                     + f">core\n{trimmed}\n")
+    _, pdb, _ = FamilySpec().paths()
+    a, b = cov["chain_span"]
+    with pytest.warns(UserWarning, match=rf"native row core aligns to residues {a}-{b} of 3QL0.pdb chain A but has no "
+                                         r"counterpart for 11 of those 159 \(6.9% > 2%\): the alignment looks column-trimmed"):
+        fam = load_family(FamilySpec(alignment=str(fasta), structure=str(pdb)))
+    assert fam.native == trimmed and fam.native_coverage["skipped_inside"] == 11
 
 
 def test_family_bad_input(tmp_path, family):

