@@ -344,7 +344,10 @@ def oracle_mi_fn(delta: float = 0.0, batch_tokens: int = 81 * 512):
         rows = torch.arange(B, device=mi.device) if candidates is None else torch.nonzero(candidates.any(1)).squeeze(1)
         if len(rows) == 0:
             return mi, {"probe_passes": 0}
-        fp32 = model.precision == "fp32" and not torch.is_autocast_enabled(info.tokens.device.type)
+        # reuse the step's pass only where it is what probing would compute: fp32, no autocast, and the
+        # model's log-probabilities are the base class's (logits -> `log_probs_from_logits`, as in decode)
+        fp32 = (model.precision == "fp32" and not torch.is_autocast_enabled(info.tokens.device.type)
+                and type(model).log_probs is MaskedModel.log_probs)
         base = info.log_probs[rows] if fp32 and info.log_probs is not None else None
         res = probe_mi(model, info.tokens[rows], delta=delta, batch_tokens=batch_tokens,
                        positions_BL=None if candidates is None else candidates[rows], base_log_probs=base)
@@ -434,8 +437,7 @@ def _decode(model: MaskedModel, tokens_BL: Tensor, rule: Rule, temperature: floa
             p = logp.exp()
             ma = masked[active]
             ent = -(p * logp.clamp_min(-1e30)).sum(-1) * ma
-            logp_model = logp if out.logits.dtype != torch.float64 else \
-                torch.log_softmax(out.logits.masked_fill(~legal, float("-inf")), -1)
+            logp_model = logp if out.logits.dtype != torch.float64 else model.log_probs_from_logits(out.logits)
             info = StepInfo(probs=p, entropy=ent, masked=ma, tokens=xa, hidden=out.hidden, generator=gen,
                             log_probs=logp_model)
             sel = rule.select(info, model)

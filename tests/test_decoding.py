@@ -140,11 +140,20 @@ def test_mi_oracle_passes_counted_are_the_passes_run():
     assert sum(seen) == rerun.nfe.sum().item() + rerun.extra_passes["probe_passes"]
     assert torch.equal(rerun.tokens, out.tokens) and rerun.extra_passes["probe_passes"] > out.extra_passes["probe_passes"]
 
+    class OwnLogProbs(TableJointMDM):  # log-probabilities not computed the base class's way: never reused
+        def log_probs(self, tokens_BL):
+            return super().log_probs(tokens_BL)
+
+    own = OwnLogProbs.from_table(potts_chain_log_joint(7, 3, coupling=1.5, generator=torch.Generator().manual_seed(2)))
+    again = decode(own, x, MIGuided(oracle_mi_fn(), eps=0.02, entropy_cap=1.0), temperature=1.0, seed=3)
+    assert torch.equal(again.tokens, out.tokens)
+    assert again.extra_passes["probe_passes"] == rerun.extra_passes["probe_passes"]
+
 
 @pytest.mark.parametrize("cap", [1.0, math.inf])
 def test_mi_oracle_probes_only_candidates_and_decides_as_probing_every_masked_position(cap):
     """A Potts chain (exact MI): the oracle given the step's candidates probes only those, and decodes exactly
-    as the oracle that probes every masked position; with a cap it needs fewer probing passes."""
+    as the oracle that probes every masked position, with strictly fewer probing passes."""
     model = TableJointMDM.from_table(potts_chain_log_joint(7, 3, coupling=1.5, generator=torch.Generator().manual_seed(2)))
     f = oracle_mi_fn()
     assert f.takes_candidates
@@ -159,7 +168,10 @@ def test_mi_oracle_probes_only_candidates_and_decides_as_probing_every_masked_po
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.step_of, b.step_of) and torch.equal(a.nfe, b.nfe)
     assert (a.nfe > 1).any() and (a.nfe < 7).any()  # MI and cap both shape the steps
     # without a cap every masked position is a candidate, except in a row with one masked position left, which
-    # needs no MI (this seeded run reaches such a step, so the count is strictly lower); with a cap fewer still are
+    # needs no MI: this seeded run reaches such a step (a row whose last step unmasks one position), so the count
+    # is strictly lower; with a cap fewer positions still are candidates
+    last = a.step_of.max(1, keepdim=True).values
+    assert ((a.step_of == last).sum(1) == 1).any()
     assert a.extra_passes["probe_passes"] < b.extra_passes["probe_passes"]
 
 

@@ -101,14 +101,27 @@ def test_an_inconsistent_model_has_directed_mi_that_disagrees():
     """A random-init Sudoku MDM is no joint distribution: I_{j->i} != I_{i->j}; mi is their mean, asymmetry the gap."""
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        model = SudokuMDM(SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)).eval()
+        model = SudokuMDM(SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)).double().eval()  # float64: exact to 1e-12
     x = grids_to_tokens(np.stack([sd.random_partial(g, 70, np.random.default_rng(0)) for g in sd.random_solutions(2, 0)]))
     res = probe_mi(model, x)
-    d = res.directed
-    assert torch.equal(res.asymmetry, (d - d.transpose(1, 2)).abs())
-    assert torch.allclose(res.mi, (d + d.transpose(1, 2)) / 2, rtol=0, atol=1e-15)
     pair = res.masked[:, :, None] & res.masked[:, None, :]
     assert res.asymmetry[pair].max() > 1e-6 and (res.asymmetry[~pair] == 0).all()
+
+    def by_hand(b, j, i):  # I_{j->i}: fill j with each value v, read p(x_i | c, x_j = v), mix by p(x_j = v | c)
+        with torch.no_grad():
+            w = model.log_probs(x[b:b + 1])[0, j].double().exp()
+            filled = x[b].repeat(model.n_values, 1)
+            filled[:, j] = model.value_token_ids
+            p = model.log_probs(filled)[:, i].double().exp()  # [V(v), V(x_i)]
+        mix = (w[:, None] * p).sum(0)
+        return float((w * (p * (p / mix).log()).sum(-1)).sum())
+
+    j, i = torch.nonzero(res.masked[1]).squeeze(1)[[0, 5]].tolist()
+    ji, ij = by_hand(1, j, i), by_hand(1, i, j)
+    assert res.directed[1, j, i].item() == pytest.approx(ji, rel=1e-9, abs=1e-15)
+    assert res.directed[1, i, j].item() == pytest.approx(ij, rel=1e-9, abs=1e-15)
+    assert res.mi[1, j, i].item() == pytest.approx((ji + ij) / 2, rel=1e-9, abs=1e-15)
+    assert res.asymmetry[1, i, j].item() == pytest.approx(abs(ji - ij), rel=1e-6, abs=1e-15) and abs(ji - ij) > 1e-9
 
 
 def test_exact_mi_closed_form_for_two_copies():

@@ -58,7 +58,8 @@ def test_native_coverage_and_column_trimmed_alignment_warning(tmp_path, family):
                      + f">core\n{trimmed}\n")
     _, pdb, _ = FamilySpec().paths()
     a, b = cov["chain_span"]
-    with pytest.warns(UserWarning, match=rf"native row core aligns to residues {a}-{b} of 3QL0.pdb chain A but has no "
+    with pytest.warns(UserWarning, match=rf"native row core aligns to residues {a}-{b} \(counted along the {cov['chain_residues']} residues read from "
+                                         r"3QL0.pdb chain A, not author numbering\) but has no "
                                          r"counterpart for 11 of those 159 \(6.9% > 2%\): the alignment looks column-trimmed"):
         fam = load_family(FamilySpec(alignment=str(fasta), structure=str(pdb)))
     assert fam.native == trimmed and fam.native_coverage["skipped_inside"] == 11

@@ -145,9 +145,14 @@ class MaskedModel(nn.Module):
     @torch.no_grad()
     def log_probs(self, tokens_BL: Tensor) -> Tensor:
         """``[B, L, V]`` log-probabilities (float32, or float64 if the model computes in float64), illegal values -inf."""
-        logits = self(tokens_BL).logits
-        if logits.dtype != torch.float64:
-            logits = logits.float()
-        legal = self.legal_values(tokens_BL.shape[1])
-        logits = logits.masked_fill(~legal, float("-inf"))
-        return torch.log_softmax(logits, dim=-1)
+        return self.log_probs_from_logits(self(tokens_BL).logits)
+
+    def log_probs_from_logits(self, logits_BLV: Tensor) -> Tensor:
+        """``[B, L, V]`` log-probabilities from this model's ``[B, L, V]`` logits: float32 (float64 kept),
+        illegal values (`legal_values`) -inf, log-softmax over V. `log_probs` and the decoding loop
+        (`mimdm.decoding.decode`) both go through it, so a decoding step's log-probabilities are the
+        ones probing would compute from the same pass."""
+        if logits_BLV.dtype != torch.float64:
+            logits_BLV = logits_BLV.float()
+        legal = self.legal_values(logits_BLV.shape[1])
+        return torch.log_softmax(logits_BLV.masked_fill(~legal, float("-inf")), dim=-1)

@@ -93,7 +93,7 @@ class FamilyData:
         data_id: a digest of the alignment file and the split settings (keys cached models).
         dropped: rows dropped for non-standard letters (id, reason).
         native_coverage: how the native row covers the structure's chain (`native_coverage`):
-            ``{"chain_residues", "mapped", "skipped_inside"}``.
+            ``{"chain_residues", "mapped", "chain_span", "skipped_inside"}``.
     """
 
     ids: list[str]
@@ -209,7 +209,8 @@ def load_family(spec: FamilySpec = FamilySpec(), max_len: int | None = None) -> 
     n_span = cov["mapped"] + cov["skipped_inside"]
     if cov["skipped_inside"] >= 3 and cov["skipped_inside"] > MAX_SKIPPED_INSIDE * n_span:
         a, b = cov["chain_span"]
-        warnings.warn(f"the native row {ids[native]} aligns to residues {a}-{b} of {Path(pdb).name} chain {chain} "
+        warnings.warn(f"the native row {ids[native]} aligns to residues {a}-{b} (counted along the {cov['chain_residues']} "
+                      f"residues read from {Path(pdb).name} chain {chain}, not author numbering) "
                       f"but has no counterpart for {cov['skipped_inside']} of those {n_span} "
                       f"({cov['skipped_inside'] / n_span:.1%} > {MAX_SKIPPED_INSIDE:.0%}): the alignment looks "
                       "column-trimmed (insert columns removed), so its rows are aligned cores rather than whole "
