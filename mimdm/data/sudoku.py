@@ -589,6 +589,47 @@ def random_solutions(n: int, rng) -> np.ndarray:
     return np.take_along_axis(table, grids.reshape(n, N_CELLS).astype(np.intp), axis=1)
 
 
+def random_symmetries(grids, rng) -> np.ndarray:
+    """Apply one random validity-preserving symmetry per item to stacks of grids, jointly.
+
+    Each item ``grids[i]`` (e.g. a puzzle and its solution) gets the same random symmetry on all
+    of its ``K`` grids: rows permuted within bands, bands permuted, columns within stacks,
+    stacks, transpose with probability 1/2, and a uniformly random relabelling of the digits 1..9
+    (0 = blank stays 0). These maps keep a grid valid and a puzzle's solution unique (they are
+    bijections of the completions). The output depends only on ``rng``.
+
+    Args:
+        grids: ``[n, K, 81]`` integer array with values in 0..9.
+        rng: ``np.random.Generator`` (or a seed).
+
+    Returns:
+        ``[n, K, 81]`` int8 transformed grids (a new array).
+
+    Raises:
+        SudokuError: wrong shape or values outside 0..9.
+    """
+    a = np.asarray(grids)
+    if a.ndim != 3 or a.shape[2] != N_CELLS:
+        raise SudokuError(f"grids must have shape [n, K, 81], got {a.shape}")
+    if a.size and (not np.issubdtype(a.dtype, np.integer) or a.min() < 0 or a.max() > 9):
+        raise SudokuError("grid values must be integers 0 (blank) or 1..9")
+    rng = np.random.default_rng(rng)
+    n, k = a.shape[:2]
+    if n == 0:
+        return np.zeros(a.shape, dtype=np.int8)
+    g = a.reshape(n, k, 9, 9)
+    rows = _random_line_perm(n, rng)
+    cols = _random_line_perm(n, rng)
+    g = g[np.arange(n)[:, None, None, None], np.arange(k)[None, :, None, None],
+          rows[:, None, :, None], cols[:, None, None, :]]
+    t = rng.random(n) < 0.5
+    g[t] = g[t].transpose(0, 1, 3, 2)
+    table = np.zeros((n, 10), dtype=np.int8)
+    table[:, 1:] = rng.permuted(np.tile(np.arange(1, 10, dtype=np.int8), (n, 1)), axis=1)
+    flat = g.reshape(n, k * N_CELLS).astype(np.intp)
+    return np.take_along_axis(table, flat, axis=1).reshape(n, k, N_CELLS)
+
+
 # --------------------------------------------------------------------------- puzzles
 
 @dataclass(frozen=True)

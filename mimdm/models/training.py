@@ -12,6 +12,16 @@ minimise the cross-entropy of the true values at the masked positions. Weighting
   masking rate weighs the same, as under the ELBO's 1/t weighting (Σ_masked CE / (t·L) ≈ the
   per-example mean), without the 1/t variance.
 - ``"mdlm"``: the continuous-time NELBO weighting (per-example sum over masked positions / (t·L)).
+
+Forced masks (curriculum): a sample function may return ``(values_BL, forced_BL)``; each example
+whose ``forced_BL`` row has a True position is masked exactly there (e.g. the blanks of a unique
+puzzle) instead of at random. The random draws are made for every example either way, so a run
+without forced masks is bit-identical to one with plain tensors.
+
+Learning-rate schedules (``TrainConfig.schedule``): ``"cosine"`` (linear warmup, cosine decay to
+``min_lr_ratio`` over the rest of the run) and ``"wsd"`` (warmup-stable-decay: linear warmup,
+constant, then a cosine decay to ``min_lr_ratio`` over the last ``decay_frac`` of the steps), which
+suits a run whose length may be extended: checkpoints before the decay are all at the same LR.
 """
 from __future__ import annotations
 
@@ -47,6 +57,8 @@ class TrainConfig:
     seed: int = 0
     ckpt_every: int = 250
     log_every: int = 50
+    schedule: str = "cosine"  # "cosine" | "wsd"
+    decay_frac: float = 0.2  # wsd only: the last fraction of the steps decays
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "ckpt_every", "log_every"):
@@ -54,9 +66,24 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.min_t < 1:
             raise ValueError(f"TrainConfig.min_t must be in (0, 1), got {self.min_t}")
+        if self.schedule not in ("cosine", "wsd"):
+            raise ValueError(f"TrainConfig.schedule must be 'cosine' or 'wsd', got {self.schedule!r}")
+        if not 0 < self.decay_frac <= 1:
+            raise ValueError(f"TrainConfig.decay_frac must be in (0, 1], got {self.decay_frac}")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The settings as a dict; ``schedule``/``decay_frac`` are left out under the default cosine
+        schedule, so cache keys and state files of earlier runs stay valid."""
+        d = asdict(self)
+        if self.schedule == "cosine":
+            del d["schedule"], d["decay_frac"]
+        return d
+
+    def decay_start(self) -> int:
+        """First step of the final decay (``wsd``); ``warmup`` under ``cosine``."""
+        if self.schedule == "wsd":
+            return max(self.warmup, self.steps - int(round(self.decay_frac * self.steps)))
+        return self.warmup
 
 
 #: Bump when the objective or the optimiser set-up changes, so cached models are not reused.
@@ -64,17 +91,23 @@ OBJECTIVE_VERSION = "mdm-ce-adamw-v2"
 
 
 def mask_tokens(values_BL: Tensor, model: MaskedModel, t_B: Tensor, generator: torch.Generator,
-                maskable_BL: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                maskable_BL: Tensor | None = None, forced_BL: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Forward (absorbing) noising: mask each maskable position with probability ``t``.
 
     Args:
         values_BL: ``[B, L]`` long clean values (indices into the value set).
         t_B: ``[B]`` masking rates in (0, 1].
         maskable_BL: ``[B, L]`` bool positions that may be masked (default: all).
+        forced_BL: ``[B, L]`` bool, optional: an example whose row has any True position is
+            masked exactly there (``maskable_BL`` does not apply to it); the random draws are
+            made for all examples regardless, so the other examples are unaffected.
 
     Returns:
         ``(tokens_BL, masked_BL)``: model input with masks, and the bool mask. Every example with
         at least one maskable position has at least one masked position.
+
+    Raises:
+        ValueError: ``forced_BL`` is not a bool tensor of shape ``[B, L]``.
     """
     B, L = values_BL.shape
     if maskable_BL is None:
@@ -86,13 +119,19 @@ def mask_tokens(values_BL: Tensor, model: MaskedModel, t_B: Tensor, generator: t
     if none.any():
         first = u.masked_fill(~maskable_BL, 2.0).argmin(1)
         masked[none, first[none]] = True
+    if forced_BL is not None:
+        if forced_BL.dtype != torch.bool or tuple(forced_BL.shape) != (B, L):
+            raise ValueError(f"forced_BL must be a bool tensor of shape {(B, L)}, got {forced_BL.dtype} "
+                             f"{tuple(forced_BL.shape)}")
+        forced_BL = forced_BL.to(masked.device)
+        masked = torch.where(forced_BL.any(1, keepdim=True), forced_BL, masked)
     tokens = model.value_token_ids[values_BL]
     tokens = tokens.masked_fill(masked, model.mask_id)
     return tokens, masked
 
 
 def mdm_loss(model: MaskedModel, values_BL: Tensor, generator: torch.Generator, weighting: str = "none",
-             min_t: float = 1e-3, maskable_BL: Tensor | None = None) -> Tensor:
+             min_t: float = 1e-3, maskable_BL: Tensor | None = None, forced_BL: Tensor | None = None) -> Tensor:
     """Masked-diffusion loss of one batch (nats per masked position; see module docstring).
 
     Each example draws t ~ U[min_t, 1], masks each maskable position with probability t and scores the
@@ -104,6 +143,8 @@ def mdm_loss(model: MaskedModel, values_BL: Tensor, generator: torch.Generator, 
         values_BL: ``[B, L]`` long clean values (indices into the value set).
         generator: RNG of t and of the masks.
         maskable_BL: ``[B, L]`` bool positions that may be masked (default all).
+        forced_BL: ``[B, L]`` bool, optional forced masks (see `mask_tokens`); under ``"mdlm"`` a
+            forced example's t is its masked fraction.
 
     Returns:
         Scalar loss tensor (nats).
@@ -113,7 +154,9 @@ def mdm_loss(model: MaskedModel, values_BL: Tensor, generator: torch.Generator, 
     """
     B, L = values_BL.shape
     t = min_t + (1 - min_t) * torch.rand(B, generator=generator, device=values_BL.device)
-    tokens, masked = mask_tokens(values_BL, model, t, generator, maskable_BL)
+    tokens, masked = mask_tokens(values_BL, model, t, generator, maskable_BL, forced_BL)
+    if forced_BL is not None:
+        t = torch.where(forced_BL.to(t.device).any(1), masked.float().mean(1), t)
     logits = model(tokens).logits
     ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2).float(), values_BL, reduction="none")  # [B, L]
     ce = ce * masked
@@ -127,20 +170,28 @@ def mdm_loss(model: MaskedModel, values_BL: Tensor, generator: torch.Generator, 
 
 
 def _lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate of step ``step`` (0-based) under ``cfg.schedule``."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
+    if cfg.schedule == "wsd":
+        start = cfg.decay_start()
+        if step < start:
+            return cfg.lr
+        frac = (step - start) / max(1, cfg.steps - start)
+        return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
     frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
 def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, int], Tensor], cfg: TrainConfig,
               state_path: Path, progress: bool = True, max_seconds: float | None = None,
-              stop_after: int | None = None) -> list[dict]:
+              stop_after: int | None = None, allow_extend: bool = False) -> list[dict]:
     """Train ``model`` in place with the masked-diffusion objective; resumable.
 
     Args:
         model: a `MaskedModel` (parameters on its device).
-        sample_batch: ``(rng, batch_size) -> values [B, L] long`` clean training examples.
+        sample_batch: ``(rng, batch_size) -> values [B, L] long`` clean training examples, or
+            ``(values [B, L] long, forced [B, L] bool)`` with forced masks (see `mask_tokens`).
         cfg: `TrainConfig`.
         state_path: resumable training state (model, optimiser, RNG states, log); written every
             ``cfg.ckpt_every`` steps and at the end. If it exists, training continues from it and
@@ -150,12 +201,17 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
             continues.
         stop_after: stop (after checkpointing) at this step; a later call continues. Together
             with ``max_seconds`` this simulates an interruption.
+        allow_extend: accept a ``"wsd"`` state file whose config differs from ``cfg`` only in
+            ``steps`` (the run was lengthened or shortened), provided its step has not passed
+            ``cfg.decay_start()``: the run so far was at constant LR, so it continues as if it had
+            been planned with ``cfg.steps`` from the start.
 
     Returns:
         The training log: a list of ``{"step", "loss", "lr", "seconds", "examples_per_s"}``.
 
     Raises:
-        ValueError: the state file was written with another config.
+        ValueError: the state file was written with another config (or, with ``allow_extend``, is
+            already past the new decay start).
         RuntimeError: the state file was written on another device type.
     """
     state_path = Path(state_path)
@@ -166,8 +222,14 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
     step, log, elapsed, window_loss = 0, [], 0.0, []
     if state_path.exists():
         st = torch.load(state_path, map_location="cpu", weights_only=True)
-        if json.loads(st["train_config"]) != cfg.to_dict():
-            raise ValueError(f"{state_path} was written with another training config; delete it or use that config")
+        stored = json.loads(st["train_config"])
+        if stored != cfg.to_dict():
+            only_steps = {**stored, "steps": cfg.steps} == cfg.to_dict()
+            if not (allow_extend and only_steps and cfg.schedule == "wsd"):
+                raise ValueError(f"{state_path} was written with another training config; delete it or use that config")
+            if st["step"] > cfg.decay_start():
+                raise ValueError(f"{state_path} is at step {st['step']}, past the decay start {cfg.decay_start()} "
+                                 f"of a {cfg.steps}-step run; it cannot be re-planned to that length")
         if st["device_type"] != device.type:
             raise RuntimeError(f"{state_path} was written on {st['device_type']}; resume it on the same device type "
                                f"(this run is on {device.type})")
@@ -196,8 +258,13 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
     while step < cfg.steps:
         for g in opt.param_groups:
             g["lr"] = _lr_at(step, cfg)
-        values = sample_batch(rng, cfg.batch_size).to(device)
-        loss = mdm_loss(model, values, gen, cfg.weighting, cfg.min_t)
+        values = sample_batch(rng, cfg.batch_size)
+        forced = None
+        if isinstance(values, tuple):
+            values, forced = values
+            forced = forced.to(device)
+        values = values.to(device)
+        loss = mdm_loss(model, values, gen, cfg.weighting, cfg.min_t, forced_BL=forced)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -1,0 +1,220 @@
+"""A long, resumable Sudoku MDM training run with a solve-rate curve (issue 20).
+
+The run lives in one folder (default ``checkpoints/sudoku_cpu_long/``):
+
+- ``state.pt``: resumable training state of `mimdm.models.training.train_mdm` (model, optimiser,
+  numpy and torch RNG states, training log), replaced atomically every ``ckpt_every`` steps;
+- ``curve.jsonl``: one line per evaluation, ``{"step", "examples_seen", "solve_30_35",
+  "solve_hard", "loss", "seconds"}`` (sequential confidence-ordered solve rates on fixed puzzle
+  sets; ``loss`` is the mean training loss since the previous evaluation, nats per masked cell;
+  ``seconds`` is training wall-clock, evaluation excluded);
+- ``config.json``: model, training and curriculum configs, the evaluation sets, and the commit
+  the run started from; ``puzzle_pool.npz``: the curriculum's puzzles (rebuilt from the seed if
+  absent); ``model.pt``: the final model in the `mimdm.models.zoo.load_sudoku_mdm` format,
+  written when the run completes.
+
+Evaluation runs between training segments under `torch.random.fork_rng` and never touches the
+training state, so a run interrupted anywhere and resumed equals an uninterrupted one.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..artifacts import atomic_save
+from ..data import sudoku as sd
+from .curriculum import CurriculumConfig, curriculum_batch, load_or_build_pool
+from .sudoku import SudokuMDM, SudokuMDMConfig
+from .training import OBJECTIVE_VERSION, TrainConfig, train_mdm
+
+#: Fixed evaluation sets of the long run: (name, clue range, seed). The seeds differ from the
+#: chapters' (`mimdm.models.zoo.EVAL_SEED` and the profiles' seeds).
+EVAL_SETS = (("solve_30_35", (30, 35), 424242), ("solve_hard", (24, 26), 434343))
+
+
+def long_run_configs() -> tuple[SudokuMDMConfig, TrainConfig, CurriculumConfig]:
+    """The configuration of the committed long `cpu` run: the `cpu` architecture (~1M parameters),
+    batch 64, WSD schedule (peak 1.5e-3, 1,000 warmup steps, last 20% cosine decay to 0.1x) over
+    60,000 steps (3.84M examples), half of each batch puzzle-shaped masks (22-35 clues)."""
+    model = SudokuMDMConfig.cpu()
+    train = TrainConfig(steps=60_000, batch_size=64, lr=1.5e-3, warmup=1000, min_lr_ratio=0.1,
+                        schedule="wsd", decay_frac=0.2, seed=2026, ckpt_every=500, log_every=100)
+    curriculum = CurriculumConfig(fraction=0.5, pool_size=4096, clues=(22, 35), seed=777)
+    return model, train, curriculum
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def read_curve(path: Path) -> list[dict]:
+    """The evaluations recorded in ``curve.jsonl`` (empty list if absent)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def solve_rate_on(model: SudokuMDM, puzzles: list[sd.Puzzle]) -> float:
+    """Fraction of ``puzzles`` solved exactly by sequential confidence-ordered decoding (fp32, no grad)."""
+    from ..decoding import Sequential, decode
+    from .zoo import grids_to_tokens, tokens_to_grids
+
+    grids = np.stack([p.puzzle for p in puzzles])
+    with torch.no_grad():
+        res = decode(model, grids_to_tokens(grids, model.device), Sequential("confidence"))
+    out = tokens_to_grids(res.tokens)
+    return float(np.mean([np.array_equal(o, p.solution) for o, p in zip(out, puzzles)]))
+
+
+_README = """# Long `cpu` Sudoku MDM run (issue 20)
+
+A resumable training of the `cpu` Sudoku MDM architecture with a puzzle-mask curriculum and a
+warmup-stable-decay schedule (configs in `config.json`; code in `mimdm/models/long_run.py`).
+
+Resume (exactly: weights, optimiser, schedule, RNG and data position come from `state.pt`),
+from the repository root, at low priority on one core, for up to 2.5 hours:
+
+```bash
+nice -n 19 .venv/bin/python scripts/train_sudoku_long.py --threads 1 --hours 2.5 --eval-every {eval_every}
+```
+
+Files: `state.pt` (resumable state, replaced in place; commit it to carry the run to another
+session), `curve.jsonl` (solve rates on {n} fixed 30-35-clue and {n} fixed 24-26-clue puzzles
+against training examples seen, every `--eval-every` steps), `puzzle_pool.npz` (the curriculum's
+unique puzzles, rebuilt deterministically from the seed if missing), `model.pt` (the final model,
+once the run completes). Keep `--eval-every` and the evaluation size unchanged across sessions so
+the curve stays on one grid.
+"""
+
+
+def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: TrainConfig,
+                      curriculum: CurriculumConfig, hours: float | None = None, eval_every: int = 2000,
+                      eval_puzzles: int = 100, progress: bool = True, stop_after: int | None = None,
+                      allow_extend: bool = False) -> list[dict]:
+    """Train (or continue) the long run in ``state_dir`` and record its solve-rate curve.
+
+    Args:
+        state_dir: the run's folder (created if absent; see module docstring).
+        model_cfg, train_cfg, curriculum: the run's configuration; must match ``config.json`` of
+            an existing run (``train_cfg.steps`` may differ under ``allow_extend``, see
+            `train_mdm`).
+        hours: wall-clock budget of this call (training and evaluation), or None for no limit;
+            the state is saved before returning.
+        eval_every: evaluate every this many steps (and at the last step).
+        eval_puzzles: puzzles per evaluation set (`EVAL_SETS`).
+        progress: tqdm progress bars.
+        stop_after: stop at this step (simulates an interruption; a later call continues).
+        allow_extend: accept a changed ``train_cfg.steps`` (see `train_mdm`).
+
+    Returns:
+        The curve (all of ``curve.jsonl``).
+
+    Raises:
+        ValueError: ``eval_every``/``eval_puzzles`` < 1, or ``config.json``/the state file belong
+            to another configuration.
+    """
+    if eval_every < 1 or eval_puzzles < 1:
+        raise ValueError(f"eval_every and eval_puzzles must be >= 1, got {eval_every}, {eval_puzzles}")
+    t_start = time.perf_counter()
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    state_path, curve_path = state_dir / "state.pt", state_dir / "curve.jsonl"
+    spec = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "curriculum": curriculum.to_dict(),
+            "eval": {"puzzles_per_set": eval_puzzles, "every_steps": eval_every,
+                     "sets": [{"key": k, "clues": list(c), "seed": s} for k, c, s in EVAL_SETS],
+                     "decoding": "sequential, confidence order"},
+            "data": sd.GENERATOR_ID, "objective": OBJECTIVE_VERSION}
+    cfg_path = state_dir / "config.json"
+    if cfg_path.exists():
+        old = json.loads(cfg_path.read_text())
+        mine = {k: old.get(k) for k in spec}
+        if allow_extend:
+            mine["train"] = {**mine["train"], "steps": train_cfg.steps}
+        if mine != spec:
+            raise ValueError(f"{cfg_path} describes another run; use its configuration or another --state-dir")
+        if old["train"]["steps"] != train_cfg.steps:
+            old.setdefault("extended", []).append({"from_steps": old["train"]["steps"], "to_steps": train_cfg.steps})
+            old["train"] = spec["train"]
+            cfg_path.write_text(json.dumps(old, indent=1) + "\n")
+    else:
+        cfg_path.write_text(json.dumps({**spec, "started_from_commit": _git_commit(),
+                                        "torch": torch.__version__}, indent=1) + "\n")
+    (state_dir / "README.md").write_text(_README.format(eval_every=eval_every, n=eval_puzzles))
+
+    pool = load_or_build_pool(curriculum, state_dir / "puzzle_pool.npz", progress)
+    sample = curriculum_batch(pool, curriculum.fraction)
+    eval_sets = [(k, sd.make_puzzles(eval_puzzles, c, np.random.default_rng(s))) for k, c, s in EVAL_SETS]
+
+    torch.manual_seed(train_cfg.seed)
+    model = SudokuMDM(model_cfg)
+    curve = read_curve(curve_path)
+
+    def state_step() -> tuple[int, list[dict]]:
+        if not state_path.exists():
+            return 0, []
+        st = torch.load(state_path, map_location="cpu", weights_only=True)
+        return int(st["step"]), json.loads(st["log"])
+
+    def evaluate(step: int, log: list[dict]) -> None:
+        done = {c["step"] for c in curve}
+        if step == 0 or step in done:
+            return
+        prev = max([s for s in done if s < step], default=0)
+        window = [e["loss"] for e in log if prev < e["step"] <= step]
+        row = {"step": step, "examples_seen": step * train_cfg.batch_size}
+        with torch.random.fork_rng(devices=[]):
+            model.eval()
+            for key, puzzles in eval_sets:
+                row[key] = solve_rate_on(model, puzzles)
+        row["loss"] = float(np.mean(window)) if window else None
+        row["seconds"] = log[-1]["seconds"] if log else None
+        curve.append(row)
+        with open(curve_path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if progress:
+            print(json.dumps(row), flush=True)
+
+    step, log = state_step()
+    if step:  # a run stopped right after a checkpoint at an evaluation step: evaluate it now
+        model.load_state_dict(torch.load(state_path, map_location="cpu", weights_only=True)["model"])
+        if step % eval_every == 0 or step == train_cfg.steps:
+            evaluate(step, log)
+    while step < train_cfg.steps:
+        left = None if hours is None else hours * 3600 - (time.perf_counter() - t_start)
+        if left is not None and left <= 0:
+            break
+        target = min(train_cfg.steps, (step // eval_every + 1) * eval_every)
+        if stop_after is not None:
+            if step >= stop_after:
+                break
+            target = min(target, stop_after)
+        train_mdm(model, sample, train_cfg, state_path, progress=progress, max_seconds=left,
+                  stop_after=target, allow_extend=allow_extend)
+        step, log = state_step()
+        if step % eval_every == 0 or step == train_cfg.steps:
+            evaluate(step, log)
+        if step < target:  # out of time
+            break
+    if step >= train_cfg.steps and not (state_dir / "model.pt").exists():
+        atomic_save({
+            "kind": "sudoku_mdm", "state_dict": model.state_dict(),
+            "model_config": json.dumps(model_cfg.to_dict()), "train_config": json.dumps(train_cfg.to_dict()),
+            "log": json.dumps(log), "eval": json.dumps(curve[-1] if curve else {}),
+            "trained_on": json.dumps({"device": "cpu", "torch": torch.__version__, "data": sd.GENERATOR_ID,
+                                      "objective": OBJECTIVE_VERSION, "curriculum": curriculum.to_dict()}),
+        }, state_dir / "model.pt")
+    return curve
+
+
+__all__ = ["EVAL_SETS", "long_run_configs", "read_curve", "run_long_training", "solve_rate_on"]

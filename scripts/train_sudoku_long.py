@@ -1,0 +1,54 @@
+#!/usr/bin/env python
+"""Start or continue the long `cpu` Sudoku MDM run (issue 20), resumable across sessions.
+
+Trains `mimdm.models.long_run.long_run_configs()` in ``--state-dir`` (default
+``checkpoints/sudoku_cpu_long``), checkpointing ``state.pt`` atomically every 500 steps and
+appending the solve-rate curve to ``curve.jsonl`` every ``--eval-every`` steps. Run it again with
+the same arguments to continue exactly where it stopped. Example (low priority, one core):
+
+    nice -n 19 .venv/bin/python scripts/train_sudoku_long.py --threads 1 --hours 2.5
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mimdm.models.long_run import long_run_configs, run_long_training  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hours", type=float, default=None, help="wall-clock budget of this call (default: until done)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--state-dir", type=Path, default=ROOT / "checkpoints" / "sudoku_cpu_long")
+    ap.add_argument("--eval-every", type=int, default=2000, help="steps between solve-rate evaluations")
+    ap.add_argument("--eval-puzzles", type=int, default=100, help="puzzles per evaluation set")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="re-plan the run's total length (only before its final decay has started)")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    if args.threads < 1:
+        ap.error("--threads must be >= 1")
+    if args.hours is not None and args.hours <= 0:
+        ap.error("--hours must be > 0")
+    torch.set_num_threads(args.threads)
+    model_cfg, train_cfg, curriculum = long_run_configs()
+    if args.steps is not None:
+        train_cfg = replace(train_cfg, steps=args.steps)
+    curve = run_long_training(args.state_dir, model_cfg, train_cfg, curriculum, hours=args.hours,
+                              eval_every=args.eval_every, eval_puzzles=args.eval_puzzles,
+                              progress=not args.no_progress, allow_extend=args.steps is not None)
+    if curve:
+        print("last evaluation:", curve[-1])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""Puzzle-mask curriculum, WSD schedule and the resumable long Sudoku run (issue 20)."""
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from mimdm.data import sudoku as sd
+from mimdm.models.curriculum import CurriculumConfig, PuzzlePool, curriculum_batch, load_or_build_pool
+from mimdm.models.long_run import read_curve, run_long_training
+from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
+from mimdm.models.training import TrainConfig, _lr_at, mask_tokens, mdm_loss, train_mdm
+
+TINY = SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)
+SMALL_POOL = CurriculumConfig(fraction=0.5, pool_size=6, clues=(33, 35), seed=3)
+
+
+def test_random_symmetries_keep_puzzles_unique_and_solutions_valid():
+    rng = np.random.default_rng(0)
+    ps = sd.make_puzzles(3, 34, rng)
+    pairs = np.stack([np.stack([p.puzzle, p.solution]) for p in ps])  # [3, 2, 81]
+    out = sd.random_symmetries(pairs, np.random.default_rng(1))
+    assert out.shape == (3, 2, 81) and out.dtype == np.int8
+    assert sd.is_valid_solution_batch(out[:, 1]).all()
+    for (pz, sol), (pz0, _) in zip(out, pairs):
+        assert (pz != 0).sum() == (pz0 != 0).sum()
+        assert ((pz == 0) | (pz == sol)).all()
+        assert sd.count_solutions(pz) == 1
+    assert not np.array_equal(out, pairs)
+    with pytest.raises(sd.SudokuError):
+        sd.random_symmetries(np.zeros((2, 81), dtype=np.int8), rng)
+    with pytest.raises(sd.SudokuError):
+        sd.random_symmetries(np.full((1, 1, 81), 10), rng)
+
+
+def test_forced_masks_replace_random_masks_only_where_given():
+    m = SudokuMDM(TINY)
+    vals = torch.from_numpy(sd.random_solutions(4, 0).astype(np.int64) - 1)
+    t = torch.full((4,), 0.5)
+    forced = torch.zeros(4, 81, dtype=torch.bool)
+    forced[1, :10] = True
+    tok0, m0 = mask_tokens(vals, m, t, torch.Generator().manual_seed(0))
+    tok1, m1 = mask_tokens(vals, m, t, torch.Generator().manual_seed(0), forced_BL=forced)
+    assert torch.equal(m1[1], forced[1]) and torch.equal(m1[[0, 2, 3]], m0[[0, 2, 3]])
+    assert (tok1[1, :10] == m.mask_id).all() and (tok1[1, 10:] == m.value_token_ids[vals[1, 10:]]).all()
+    # all-False forced rows: bit-identical to no forced masks, loss included
+    none = torch.zeros(4, 81, dtype=torch.bool)
+    a = mdm_loss(m, vals, torch.Generator().manual_seed(1))
+    b = mdm_loss(m, vals, torch.Generator().manual_seed(1), forced_BL=none)
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="forced_BL"):
+        mask_tokens(vals, m, t, torch.Generator(), forced_BL=forced[:, :80])
+
+
+def test_curriculum_batch_shapes_and_masks():
+    pool_ps = sd.make_puzzles(4, 34, np.random.default_rng(2))
+    pool = PuzzlePool(np.stack([p.puzzle for p in pool_ps]), np.stack([p.solution for p in pool_ps]))
+    sample = curriculum_batch(pool, 0.5)
+    v, f = sample(np.random.default_rng(0), 7)
+    assert v.shape == (7, 81) and v.dtype == torch.int64 and f.shape == (7, 81) and f.dtype == torch.bool
+    assert (f[:4].sum(1) == 81 - 34).all() and not f[4:].any()  # round(3.5) = 4 puzzle rows
+    assert sd.is_valid_solution_batch(v.numpy() + 1).all()
+    v2, f2 = sample(np.random.default_rng(0), 7)
+    assert torch.equal(v, v2) and torch.equal(f, f2)
+    with pytest.raises(ValueError):
+        curriculum_batch(pool, 1.5)
+
+
+def test_pool_cache_is_reproducible_and_checked(tmp_path):
+    a = load_or_build_pool(SMALL_POOL, tmp_path / "pool.npz", progress=False)
+    b = load_or_build_pool(SMALL_POOL, tmp_path / "pool.npz", progress=False)  # from disk
+    c = load_or_build_pool(SMALL_POOL, tmp_path / "pool2.npz", progress=False)  # rebuilt from the seed
+    assert np.array_equal(a.puzzles, b.puzzles) and np.array_equal(a.puzzles, c.puzzles)
+    assert np.array_equal(a.solutions, c.solutions)
+    assert all(sd.count_solutions(p) == 1 for p in a.puzzles)
+    with pytest.raises(ValueError, match="another configuration"):
+        load_or_build_pool(replace(SMALL_POOL, seed=4), tmp_path / "pool.npz", progress=False)
+
+
+def test_wsd_schedule_and_default_config_dict_unchanged():
+    cfg = TrainConfig(steps=100, lr=1.0, warmup=10, min_lr_ratio=0.1, schedule="wsd", decay_frac=0.2)
+    assert cfg.decay_start() == 80
+    assert _lr_at(0, cfg) == pytest.approx(0.1) and _lr_at(9, cfg) == pytest.approx(1.0)
+    assert all(_lr_at(s, cfg) == 1.0 for s in range(10, 81))
+    assert _lr_at(90, cfg) == pytest.approx(0.55) and _lr_at(100, cfg) == pytest.approx(0.1)
+    assert "schedule" not in TrainConfig().to_dict() and cfg.to_dict()["schedule"] == "wsd"
+    with pytest.raises(ValueError):
+        TrainConfig(schedule="step")
+
+
+def test_wsd_run_can_be_extended_before_its_decay(tmp_path):
+    cfg = TrainConfig(steps=8, batch_size=4, warmup=2, schedule="wsd", decay_frac=0.5, ckpt_every=2, log_every=2)
+    sample = curriculum_batch(PuzzlePool(*[np.stack(x) for x in zip(*[(p.puzzle, p.solution) for p in
+                                                                         sd.make_puzzles(2, 35, 0)])]), 0.5)
+    m = SudokuMDM(TINY)
+    train_mdm(m, sample, cfg, tmp_path / "s.pt", progress=False, stop_after=3)
+    longer = replace(cfg, steps=12)
+    with pytest.raises(ValueError, match="another training config"):
+        train_mdm(m, sample, longer, tmp_path / "s.pt", progress=False)
+    train_mdm(m, sample, longer, tmp_path / "s.pt", progress=False, stop_after=5, allow_extend=True)
+    with pytest.raises(ValueError, match="past the decay start"):
+        train_mdm(m, sample, replace(cfg, steps=6), tmp_path / "s.pt", progress=False, allow_extend=True)
+
+
+def test_long_run_interrupted_and_resumed_equals_uninterrupted(tmp_path):
+    cfg = TrainConfig(steps=6, batch_size=8, lr=1e-3, warmup=2, schedule="wsd", decay_frac=0.5, seed=5,
+                      ckpt_every=2, log_every=1)
+    kw = dict(eval_every=3, eval_puzzles=2, progress=False)
+    full = run_long_training(tmp_path / "a", TINY, cfg, SMALL_POOL, **kw)
+    part = run_long_training(tmp_path / "b", TINY, cfg, SMALL_POOL, stop_after=4, **kw)
+    assert [c["step"] for c in part] == [3]
+    (tmp_path / "b" / "puzzle_pool.npz").unlink()  # rebuilt deterministically on resume
+    resumed = run_long_training(tmp_path / "b", TINY, cfg, SMALL_POOL, **kw)
+    assert [c["step"] for c in full] == [3, 6] and [c["examples_seen"] for c in full] == [24, 48]
+    strip = lambda curve: [{k: v for k, v in c.items() if k != "seconds"} for c in curve]  # noqa: E731
+    assert strip(full) == strip(resumed) == strip(read_curve(tmp_path / "b" / "curve.jsonl"))
+    sa = torch.load(tmp_path / "a" / "state.pt", weights_only=True)
+    sb = torch.load(tmp_path / "b" / "state.pt", weights_only=True)
+    for k in sa["model"]:
+        assert torch.equal(sa["model"][k], sb["model"][k]), k
+    assert sa["numpy_rng"] == sb["numpy_rng"] and torch.equal(sa["torch_rng"], sb["torch_rng"])
+    assert [e["loss"] for e in json.loads(sa["log"])] == [e["loss"] for e in json.loads(sb["log"])]
+    assert (tmp_path / "a" / "model.pt").exists() and (tmp_path / "b" / "README.md").exists()
+    conf = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert conf["curriculum"] == SMALL_POOL.to_dict() and conf["train"]["schedule"] == "wsd"
+    with pytest.raises(ValueError, match="another run"):
+        run_long_training(tmp_path / "a", TINY, replace(cfg, lr=2e-3), SMALL_POOL, **kw)
