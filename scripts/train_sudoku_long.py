@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hours", type=float, default=None, help="wall-clock budget of this call (default: until done)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--state-dir", type=Path, default=ROOT / "checkpoints" / "sudoku_cpu_long")
-    ap.add_argument("--eval-every", type=int, default=2000, help="steps between solve-rate evaluations")
+    ap.add_argument("--eval-every", type=int, default=1000, help="steps between solve-rate evaluations")
     ap.add_argument("--eval-puzzles", type=int, default=100, help="puzzles per evaluation set")
     ap.add_argument("--steps", type=int, default=None,
                     help="re-plan the run's total length (only before its final decay has started)")

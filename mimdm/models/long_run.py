@@ -99,7 +99,7 @@ the curve stays on one grid.
 
 
 def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: TrainConfig,
-                      curriculum: CurriculumConfig, hours: float | None = None, eval_every: int = 2000,
+                      curriculum: CurriculumConfig, hours: float | None = None, eval_every: int = 1000,
                       eval_puzzles: int = 100, progress: bool = True, stop_after: int | None = None,
                       allow_extend: bool = False) -> list[dict]:
     """Train (or continue) the long run in ``state_dir`` and record its solve-rate curve.
