@@ -185,7 +185,10 @@ def _lr_at(step: int, cfg: TrainConfig) -> float:
 
 def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, int], Tensor], cfg: TrainConfig,
               state_path: Path, progress: bool = True, max_seconds: float | None = None,
-              stop_after: int | None = None, allow_extend: bool = False) -> list[dict]:
+              stop_after: int | None = None, allow_extend: bool = False,
+              penalty: Callable[[MaskedModel], Tensor] | None = None,
+              val_fn: Callable[[MaskedModel], float] | None = None, val_every: int = 50,
+              patience: int | None = None) -> list[dict]:
     """Train ``model`` in place with the masked-diffusion objective; resumable.
 
     Args:
@@ -205,6 +208,13 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
             ``steps`` (the run was lengthened or shortened), provided its step has not passed
             ``cfg.decay_start()``: the run so far was at constant LR, so it continues as if it had
             been planned with ``cfg.steps`` from the start.
+        penalty: optional ``model -> scalar`` added to the loss (e.g. an L2 penalty on couplings);
+            the logged ``loss`` is the cross-entropy alone.
+        val_fn: optional ``model -> held-out loss`` (the model is in eval mode during the call),
+            evaluated every ``val_every`` steps and at the end: its value is logged as ``val_loss``,
+            the best weights so far are kept in the state file, and the model ends with the best
+            weights (early stopping by checkpoint selection). ``patience``: stop once this many
+            evaluations in a row did not improve on the best (None: run all steps).
 
     Returns:
         The training log: a list of ``{"step", "loss", "lr", "seconds", "examples_per_s"}``.
@@ -220,6 +230,7 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
     rng = np.random.default_rng(cfg.seed)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     step, log, elapsed, window_loss = 0, [], 0.0, []
+    best = {"val": math.inf, "step": 0, "model": None, "bad": 0}  # early stopping (val_fn)
     if state_path.exists():
         st = torch.load(state_path, map_location="cpu", weights_only=True)
         stored = json.loads(st["train_config"])
@@ -240,6 +251,8 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
         torch.set_rng_state(st["global_rng"].cpu())
         step, log, elapsed = st["step"], json.loads(st["log"]), st["seconds"]
         window_loss = json.loads(st["window_loss"])
+        if "best_val" in st:
+            best = {"val": st["best_val"], "step": st["best_step"], "model": st["best_model"], "bad": st["best_bad"]}
 
     def save():
         atomic_save({
@@ -248,14 +261,32 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
             "global_rng": torch.get_rng_state(), "window_loss": json.dumps(window_loss),
             "log": json.dumps(log), "seconds": elapsed, "train_config": json.dumps(cfg.to_dict()),
             "device_type": device.type,
+            **({"best_val": best["val"], "best_step": best["step"], "best_model": best["model"], "best_bad": best["bad"]}
+               if val_fn is not None else {}),
         }, state_path)
+
+    def validate() -> bool:
+        """Evaluate, keep the best weights; True when patience has run out."""
+        model.eval()
+        v = float(val_fn(model))
+        model.train()
+        if not math.isfinite(v):
+            raise FloatingPointError(f"the held-out loss is {v} at step {step}: training diverged")
+        log.append({"step": step, "val_loss": v, "seconds": round(elapsed, 2)})
+        if v < best["val"]:
+            best.update(val=v, step=step, model={k: t.detach().clone().cpu() for k, t in model.state_dict().items()}, bad=0)
+        else:
+            best["bad"] += 1
+        return patience is not None and best["bad"] >= patience
+
 
     precision, model.precision = getattr(model, "precision", "fp32"), "fp32"  # training always runs in fp32
     model.train()
     t0, seen = time.perf_counter(), 0
     start_elapsed = elapsed
     bar = tqdm(total=cfg.steps, initial=step, disable=not progress, desc="train MDM", unit="step", mininterval=2.0)
-    while step < cfg.steps:
+    done = val_fn is not None and patience is not None and best["bad"] >= patience  # stopped early before
+    while step < cfg.steps and not done:
         for g in opt.param_groups:
             g["lr"] = _lr_at(step, cfg)
         values = sample_batch(rng, cfg.batch_size)
@@ -265,8 +296,10 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
             forced = forced.to(device)
         values = values.to(device)
         loss = mdm_loss(model, values, gen, cfg.weighting, cfg.min_t, forced_BL=forced)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"the training loss is {loss.item()} at step {step}: training diverged")
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss if penalty is None else loss + penalty(model)).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
@@ -280,12 +313,19 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
             log.append(entry)
             window_loss = []
             bar.set_postfix(loss=f"{entry['loss']:.3f}")
-        if step % cfg.ckpt_every == 0 or step == cfg.steps:
+        stop = False
+        if val_fn is not None and (step % val_every == 0 or step == cfg.steps):
+            stop = validate()
+        if step % cfg.ckpt_every == 0 or step == cfg.steps or stop:
             save()
+        if stop:
+            break
         if (max_seconds is not None and time.perf_counter() - t0 > max_seconds) or step == stop_after:
             save()
             break
     bar.close()
+    if val_fn is not None and best["model"] is not None and (step >= cfg.steps or best["bad"] >= (patience or math.inf)):
+        model.load_state_dict(best["model"])  # finished: end with the best held-out weights
     model.eval()
     model.precision = precision
     return log
