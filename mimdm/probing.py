@@ -82,7 +82,7 @@ def _sync(device: torch.device) -> None:
 @torch.no_grad()
 def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_tokens: int | str = 81 * 512,
              positions_BL: Tensor | None = None, precision: str | None = "fp32",
-             base_log_probs: Tensor | None = None) -> ProbeResult:
+             base_log_probs: Tensor | None = None, values_V: Tensor | None = None) -> ProbeResult:
     """Ground-truth pairwise conditional MI between the masked positions of each context.
 
     Args:
@@ -111,13 +111,20 @@ def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_to
             this model, already computed (a decoding step's own forward pass: `mimdm.decoding.oracle_mi_fn`
             passes them), used instead of probing's first pass, which is then not run and not counted
             in ``nfe``. The caller vouches that they come from this model, in the precision probing runs in.
+        values_V: optional ``[V]`` bool, a subset S of the values: the MI is that of the pair's joint
+            restricted to S × S and renormalised, i.e. I(X_i; X_j | c, X_i ∈ S, X_j ∈ S) (proteins on
+            aligned columns: S = the 20 amino acids, the gap left out of contact scores). Only values
+            in S are probed (fewer passes); j's probe weights become p(x_j = v | c)·p(X_i ∈ S | c, x_j = v),
+            normalised over v ∈ S, which makes the directed form exact for the restricted joint.
+            ``marginals`` and ``entropy`` stay those of the full value set.
 
     Returns:
         `ProbeResult` (MI in nats, NFE per context, seconds). ``marginals``, ``entropy`` and
         ``masked`` cover every masked position whether or not ``positions_BL`` is given.
 
     Raises:
-        ValueError: ``delta`` outside [0, 1), ``batch_tokens < 1`` or not ``"auto"``; ``positions_BL``
+        ValueError: ``delta`` outside [0, 1), ``batch_tokens < 1`` or not ``"auto"``; ``values_V`` not a
+            ``[V]`` bool with at least two True; ``positions_BL``
             of another shape than ``tokens_BL`` or holding an unmasked position; ``precision`` not
             ``"fp32"``, ``"bf16"`` or None; ``base_log_probs`` of another shape than ``[B, L, V]``;
             and whatever
@@ -135,6 +142,11 @@ def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_to
         positions_BL = None if positions_BL is None else positions_BL[None]
         base_log_probs = None if base_log_probs is None else base_log_probs[None]
     model.check_tokens(tokens_BL)
+    if values_V is not None:
+        values_V = torch.as_tensor(values_V, device=tokens_BL.device)
+        if values_V.dtype != torch.bool or values_V.shape != (model.n_values,) or int(values_V.sum()) < 2:
+            raise ValueError(f"values_V must be a [{model.n_values}] bool tensor with at least two True values, got "
+                             f"{values_V.dtype} {tuple(values_V.shape)}")
     if base_log_probs is not None and base_log_probs.shape != (*tokens_BL.shape, model.n_values):
         raise ValueError(f"base_log_probs has shape {tuple(base_log_probs.shape)}; expected "
                          f"{(*tokens_BL.shape, model.n_values)} ([B, L, V] for tokens_BL of shape {tuple(tokens_BL.shape)})")
@@ -159,14 +171,14 @@ def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_to
 
                 batch_tokens = auto_batch_tokens(model, tokens_BL.shape[1], default=512 * tokens_BL.shape[1])
             return _probe(model, tokens_BL, delta, max(1, batch_tokens // tokens_BL.shape[1]), positions_BL,
-                          base_log_probs)
+                          base_log_probs, values_V)
     finally:
         model.train(was_training)
         model.precision = was_precision
 
 
 def _probe(model: MaskedModel, tokens_BL: Tensor, delta: float, rows: int, positions_BL: Tensor | None = None,
-           base_log_probs: Tensor | None = None) -> ProbeResult:
+           base_log_probs: Tensor | None = None, values_V: Tensor | None = None) -> ProbeResult:
     dev = tokens_BL.device
     _sync(dev)
     t0 = time.perf_counter()
@@ -180,6 +192,9 @@ def _probe(model: MaskedModel, tokens_BL: Tensor, delta: float, rows: int, posit
     marg = base.exp() * masked[..., None]
     if torch.isnan(marg).any():
         raise ValueError("the model gave NaN probabilities (a position with no legal value?)")
+    if values_V is not None and (marg * ~values_V).sum(-1).ge(1 - 1e-12).any():
+        b, i = (int(v) for v in torch.nonzero((marg * ~values_V).sum(-1).ge(1 - 1e-12))[0])
+        raise ValueError(f"position {i} of context {b} puts all its mass outside values_V: the restricted MI is undefined")
 
     # probes of each context: (j, v) for every probed masked j and kept value v
     probed = masked if positions_BL is None else positions_BL
@@ -187,6 +202,8 @@ def _probe(model: MaskedModel, tokens_BL: Tensor, delta: float, rows: int, posit
     for b in range(B):
         M = torch.nonzero(probed[b]).squeeze(1)
         keep = _kept_values(marg[b, M], delta)  # [m, V]
+        if values_V is not None:
+            keep = keep & values_V
         jj, vv = torch.nonzero(keep, as_tuple=True)
         meta.append((M, keep, jj, vv))
 
@@ -225,10 +242,21 @@ def _probe(model: MaskedModel, tokens_BL: Tensor, delta: float, rows: int, posit
             w = w / w.sum(-1, keepdim=True)  # renormalised p(x_j = v | c) over the probed values  [m, V]
             P = torch.zeros(m, V, m, V, dtype=torch.float64, device=dev)
             P[jj, vv] = cond
-            mix = torch.einsum("jv,jvix->jix", w, P)  # [m(j), m(i), V]
-            ratio = torch.where(P > 0, P / mix[:, None].clamp_min(1e-300), torch.ones_like(P))
-            kl = (P * ratio.log()).sum(-1)  # [m(j), V, m(i)]
-            d = torch.einsum("jv,jvi->ji", w, kl).clamp_min(0.0)
+            if values_V is None:
+                mix = torch.einsum("jv,jvix->jix", w, P)  # [m(j), m(i), V]
+                ratio = torch.where(P > 0, P / mix[:, None].clamp_min(1e-300), torch.ones_like(P))
+                kl = (P * ratio.log()).sum(-1)  # [m(j), V, m(i)]
+                d = torch.einsum("jv,jvi->ji", w, kl).clamp_min(0.0)
+            else:  # the joint restricted to S x S: p(x_i | x_j = v) renormalised on S, v weighted by p(v) p(X_i in S | v)
+                P = P * values_V
+                in_s = P.sum(-1)  # [m(j), V, m(i)]: p(X_i in S | c, x_j = v)
+                P = P / in_s.clamp_min(1e-300)[..., None]
+                wi = w[:, :, None] * in_s
+                wi = wi / wi.sum(1, keepdim=True).clamp_min(1e-300)  # [m(j), V, m(i)]
+                mix = torch.einsum("jvi,jvix->jix", wi, P)
+                ratio = torch.where(P > 0, P / mix[:, None].clamp_min(1e-300), torch.ones_like(P))
+                kl = (P * ratio.log()).sum(-1)
+                d = (wi * kl).sum(1).clamp_min(0.0)
             d.fill_diagonal_(0.0)
             mi_d[g][M[:, None], M[None, :]] = d
 
