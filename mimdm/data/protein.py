@@ -258,6 +258,28 @@ def match_states(aligned_seqs: list[str]) -> list[str]:
     return [r.tobytes().decode("ascii") for r in A]
 
 
+def reference_columns(aligned_seqs: list[str], reference: int) -> np.ndarray:
+    """``[L]`` int64 indices of the study's aligned positions: the `match_columns` in which row ``reference``
+    holds a residue (DHFR, reference P0ABQ4.1: 158 of the 160 match columns).
+
+    This is the one column rule of the aligned-column protein model (`mimdm.models.potts`): each
+    position is a residue of the reference protein, so positions map to its structure through
+    `column_to_residue` of the reference row.
+
+    Raises:
+        ValueError: ``reference`` out of range; fewer than 2 such columns; as `match_columns`.
+    """
+    if not 0 <= reference < len(aligned_seqs):
+        raise ValueError(f"reference row {reference} is out of range for {len(aligned_seqs)} rows")
+    keep = match_columns(aligned_seqs)
+    row = np.frombuffer(aligned_seqs[reference].encode("ascii"), dtype=np.uint8)
+    has = (row != ord("-")) & (row != ord("."))
+    cols = np.nonzero(keep & has)[0]
+    if len(cols) < 2:
+        raise ValueError(f"the reference row has {len(cols)} residues in match columns; the aligned model needs >= 2")
+    return cols
+
+
 def column_to_residue(aligned_row: str) -> np.ndarray:
     """``[C]`` long: for each column of an aligned row, the index of its residue in `degap(row)`, -1 at gaps.
 
