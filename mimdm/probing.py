@@ -79,6 +79,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+RESTRICTED_MIN_MASS = 1e-6
+"""Least probability of a value in ``values_V`` for a position to take part in restricted MI (`probe_mi`)."""
+
+
 @torch.no_grad()
 def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_tokens: int | str = 81 * 512,
              positions_BL: Tensor | None = None, precision: str | None = "fp32",
@@ -116,7 +120,9 @@ def probe_mi(model: MaskedModel, tokens_BL: Tensor, delta: float = 0.0, batch_to
             aligned columns: S = the 20 amino acids, the gap left out of contact scores). Only values
             in S are probed (fewer passes); j's probe weights become p(x_j = v | c)·p(X_i ∈ S | c, x_j = v),
             normalised over v ∈ S, which makes the directed form exact for the restricted joint.
-            ``marginals`` and ``entropy`` stay those of the full value set.
+            ``marginals`` and ``entropy`` stay those of the full value set. A position whose probability
+            of a value in S is below `RESTRICTED_MIN_MASS` (e.g. a terminal column that is almost surely
+            a gap) has restricted MI 0 with every other: its restricted joint is not defined numerically.
 
     Returns:
         `ProbeResult` (MI in nats, NFE per context, seconds). ``marginals``, ``entropy`` and
@@ -192,9 +198,6 @@ def _probe(model: MaskedModel, tokens_BL: Tensor, delta: float, rows: int, posit
     marg = base.exp() * masked[..., None]
     if torch.isnan(marg).any():
         raise ValueError("the model gave NaN probabilities (a position with no legal value?)")
-    if values_V is not None and (marg * ~values_V).sum(-1).ge(1 - 1e-12).any():
-        b, i = (int(v) for v in torch.nonzero((marg * ~values_V).sum(-1).ge(1 - 1e-12))[0])
-        raise ValueError(f"position {i} of context {b} puts all its mass outside values_V: the restricted MI is undefined")
 
     # probes of each context: (j, v) for every probed masked j and kept value v
     probed = masked if positions_BL is None else positions_BL
@@ -239,7 +242,7 @@ def _probe(model: MaskedModel, tokens_BL: Tensor, delta: float, rows: int, posit
                 continue
             n_values[g, M] = keep.sum(-1)
             w = marg[g, M] * keep
-            w = w / w.sum(-1, keepdim=True)  # renormalised p(x_j = v | c) over the probed values  [m, V]
+            w = w / w.sum(-1, keepdim=True).clamp_min(1e-300)  # renormalised p(x_j = v | c) over the probed values  [m, V]
             P = torch.zeros(m, V, m, V, dtype=torch.float64, device=dev)
             P[jj, vv] = cond
             if values_V is None:
@@ -248,6 +251,7 @@ def _probe(model: MaskedModel, tokens_BL: Tensor, delta: float, rows: int, posit
                 kl = (P * ratio.log()).sum(-1)  # [m(j), V, m(i)]
                 d = torch.einsum("jv,jvi->ji", w, kl).clamp_min(0.0)
             else:  # the joint restricted to S x S: p(x_i | x_j = v) renormalised on S, v weighted by p(v) p(X_i in S | v)
+                low = (marg[g, M] * values_V).sum(-1) < RESTRICTED_MIN_MASS  # [m]: (almost) never in S
                 P = P * values_V
                 in_s = P.sum(-1)  # [m(j), V, m(i)]: p(X_i in S | c, x_j = v)
                 P = P / in_s.clamp_min(1e-300)[..., None]
@@ -257,6 +261,8 @@ def _probe(model: MaskedModel, tokens_BL: Tensor, delta: float, rows: int, posit
                 ratio = torch.where(P > 0, P / mix[:, None].clamp_min(1e-300), torch.ones_like(P))
                 kl = (P * ratio.log()).sum(-1)
                 d = (wi * kl).sum(1).clamp_min(0.0)
+                d[low, :] = 0.0
+                d[:, low] = 0.0
             d.fill_diagonal_(0.0)
             mi_d[g][M[:, None], M[None, :]] = d
 

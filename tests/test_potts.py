@@ -48,6 +48,22 @@ def test_restricted_probing_is_the_mi_of_the_restricted_joint():
         probe_mi(oracle, x, values_V=torch.tensor([True, False, False]))
 
 
+def test_restricted_probing_gives_zero_for_a_position_outside_the_subset():
+    """A position that is (almost) surely outside S (a terminal gap column) has restricted MI 0, no error, and the
+    MI of the other pairs is unchanged."""
+    states = torch.tensor([[2, a, b] for a in range(3) for b in range(3)])
+    p = torch.tensor([0.3 if a == b else 0.05 for a in range(3) for b in range(3)], dtype=torch.float64)
+    p = p / p.sum()
+    oracle = TableJointMDM(states, p.log(), 3)
+    S = torch.tensor([True, True, False])
+    x = torch.full((3,), oracle.mask_id)
+    res = probe_mi(oracle, x, values_V=S)
+    assert torch.isfinite(res.mi).all()
+    assert res.mi[0, 0].abs().max() == 0 and res.mi[0, :, 0].abs().max() == 0
+    assert res.mi[0, 1, 2].item() == pytest.approx(_restricted_pair_mi(oracle, x, 1, 2, S), abs=1e-9)
+    assert res.mi[0, 1, 2].item() > 0.05
+
+
 def _tiny_alignment(n=400, L=6, seed=0):
     """Rows where column 1 copies column 4 (a 'contact') and everything else is random; column 0 often gapped."""
     g = np.random.default_rng(seed)
