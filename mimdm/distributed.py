@@ -348,7 +348,8 @@ def _split(idx: np.ndarray, world: int, rank: int) -> np.ndarray:
 
 
 def _val_loss_sum(head: MIHead, data: dict, layer: int, kind: str, mask_id: int, info: DistInfo,
-                  device: torch.device, batch_size: int = 64) -> tuple[float, int]:
+                  device: torch.device, batch_size: int = 64, scale: float = 0.01,
+                  weight_scale: float = 0.05) -> tuple[float, int]:
     """Rank's share of the validation loss: batches ``i ≡ rank (mod world)`` of `evaluate_loss`'s batches.
 
     Returns ``(sum over its batches of loss × batch size, number of contexts)``.
@@ -364,7 +365,7 @@ def _val_loss_sum(head: MIHead, data: dict, layer: int, kind: str, mask_id: int,
             h = data[f"hidden_{layer}"][b].to(device)
             masked = (data["tokens"][b] == mask_id).to(device)
             pred = head(h, masked, data["entropy"][b].to(device))
-            tot += mi_loss(pred, data["mi"][b].to(device), masked, kind).item() * len(b)
+            tot += mi_loss(pred, data["mi"][b].to(device), masked, kind, scale, weight_scale).item() * len(b)
             cnt += len(b)
     return tot, cnt
 
@@ -449,7 +450,7 @@ def train_head_ddp(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrai
             b = torch.from_numpy(_split(glob, info.world_size, info.rank))
             masked = (train["tokens"][b] == mask_id).to(device)
             pred = net(train[key][b].to(device), masked, train["entropy"][b].to(device))
-            loss = mi_loss(pred, train["mi"][b].to(device), masked, cfg.loss)
+            loss = mi_loss(pred, train["mi"][b].to(device), masked, cfg.loss, cfg.loss_scale, cfg.loss_weight_scale)
             if info.active:
                 frac = len(b) / len(glob)
                 losses.append(loss.item() * frac)
@@ -463,7 +464,8 @@ def train_head_ddp(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrai
                 sched.step()
         if info.active:
             losses = _allreduce_sum(losses, info)
-        tot, cnt = _val_loss_sum(head, val, cfg.layer, cfg.loss, mask_id, info, device)
+        tot, cnt = _val_loss_sum(head, val, cfg.layer, cfg.loss, mask_id, info, device, scale=cfg.loss_scale,
+                                 weight_scale=cfg.loss_weight_scale)
         tot, cnt = _allreduce_sum([tot, float(cnt)], info)
         v = tot / max(1, int(cnt))
         log.append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)), "val_loss": v,

@@ -87,6 +87,8 @@ class MIHeadConfig:
         pos_dim: position-pair embedding width p; 0 disables position pairs.
         tri_channels, tri_rounds: the two-hop pair update; ``tri_channels=0`` disables it.
         bound: ``"mean"`` ((H_i+H_j)/2), ``"min"``, ``"max"`` or ``"none"`` (softplus, no entropies).
+        out_bias: initial bias of the output layer (the head starts near ``bound · sigmoid(out_bias)``; lower it
+            when the MI labels are small, e.g. proteins, so training does not start far above them).
     """
 
     d_in: int
@@ -99,9 +101,14 @@ class MIHeadConfig:
     tri_channels: int = 8
     tri_rounds: int = 1
     bound: str = "mean"
+    out_bias: float = -4.0
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The architecture as a dict (``out_bias`` left out at its default, so earlier heads' cache keys hold)."""
+        d = asdict(self)
+        if d["out_bias"] == -4.0:
+            del d["out_bias"]
+        return d
 
 
 class MIHead(nn.Module):
@@ -130,7 +137,7 @@ class MIHead(nn.Module):
             nn.ModuleDict({"msg": nn.Linear(q, c.tri_channels), "upd": nn.Linear(q + c.tri_channels, q)})
             for _ in range(c.tri_rounds if c.tri_channels else 0))
         self.out = nn.Sequential(nn.Linear(q, q), nn.GELU(), nn.Linear(q, 1))
-        nn.init.constant_(self.out[-1].bias, -4.0)  # start near zero MI, where most pairs are
+        nn.init.constant_(self.out[-1].bias, c.out_bias)  # start near zero MI, where most pairs are
 
     def n_parameters(self) -> int:
         """Number of trainable parameters."""
@@ -335,9 +342,16 @@ class HeadTrainConfig:
     schedule: str = "onecycle"
     patience: int | None = None
     seed: int = 0
+    loss_scale: float = 0.01
+    loss_weight_scale: float = 0.05
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The settings as a dict; the loss scales are left out at their defaults (cache keys of earlier heads hold)."""
+        d = asdict(self)
+        for k, default in (("loss_scale", 0.01), ("loss_weight_scale", 0.05)):
+            if d[k] == default:
+                del d[k]
+        return d
 
 
 def make_optimizer(head: nn.Module, cfg: HeadTrainConfig, steps_per_epoch: int):
@@ -363,7 +377,8 @@ def _batches(n: int, bs: int, rng: np.random.Generator | None):
         yield torch.from_numpy(idx[s:s + bs])
 
 
-def evaluate_loss(head: MIHead, data: dict, layer: int, kind: str, mask_id: int, batch_size: int = 64) -> float:
+def evaluate_loss(head: MIHead, data: dict, layer: int, kind: str, mask_id: int, batch_size: int = 64,
+                  scale: float = 0.01, weight_scale: float = 0.05) -> float:
     """Mean `mi_loss` of ``head`` over the contexts of a label split (``data`` from `mimdm.labels.load_labels`:
     ``tokens [N, L]``, ``hidden_<layer> [N, L, D]``, ``entropy [N, L]`` nats, ``mi [N, L, L]`` nats).
 
@@ -381,7 +396,7 @@ def evaluate_loss(head: MIHead, data: dict, layer: int, kind: str, mask_id: int,
             h = data[f"hidden_{layer}"][b]
             masked = data["tokens"][b] == mask_id
             pred = head(h, masked, data["entropy"][b])
-            tot += mi_loss(pred, data["mi"][b], masked, kind).item() * len(b)
+            tot += mi_loss(pred, data["mi"][b], masked, kind, scale, weight_scale).item() * len(b)
             n += len(b)
     return tot / n
 
@@ -423,14 +438,15 @@ def train_head(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrainCon
         for b in _batches(n, cfg.batch_size, rng):
             masked = train["tokens"][b] == mask_id
             pred = head(train[key][b], masked, train["entropy"][b])
-            loss = mi_loss(pred, train["mi"][b], masked, cfg.loss)
+            loss = mi_loss(pred, train["mi"][b], masked, cfg.loss, cfg.loss_scale, cfg.loss_weight_scale)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             if sched is not None:
                 sched.step()
             losses.append(loss.item())
-        v = evaluate_loss(head, val, cfg.layer, cfg.loss, mask_id)
+        v = evaluate_loss(head, val, cfg.layer, cfg.loss, mask_id, scale=cfg.loss_scale,
+                          weight_scale=cfg.loss_weight_scale)
         log.append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)), "val_loss": v,
                     "seconds": time.perf_counter() - t0})
         if v < best - 1e-6:

@@ -300,3 +300,18 @@ def test_candidate_pairs_equal_the_full_matrix_there_and_zero_elsewhere(rounds, 
         assert torch.allclose(sub[3], full[3], rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="candidates must have shape"):
         head(h, masked, ent, candidates_BL=cand[:, :5])
+
+
+def test_new_head_settings_keep_earlier_cache_keys():
+    """loss scales and out_bias are left out of the configs' dicts at their defaults, so heads cached by earlier
+    runs keep their keys; given, they are recorded and a saved head reloads with them."""
+
+    assert set(HeadTrainConfig().to_dict()) == {"layer", "epochs", "batch_size", "lr", "weight_decay", "loss", "schedule",
+                                                "patience", "seed"}
+    assert "out_bias" not in MIHeadConfig(8).to_dict()
+    t = HeadTrainConfig(loss_scale=0.001, loss_weight_scale=0.005).to_dict()
+    assert t["loss_scale"] == 0.001 and t["loss_weight_scale"] == 0.005
+    hc = MIHeadConfig(8, out_bias=-7.0)
+    assert MIHeadConfig(**hc.to_dict()) == hc
+    head = MIHead(hc)
+    assert head.out[-1].bias.item() == -7.0
