@@ -153,7 +153,8 @@ def rule_grid(head=None, layer: int = -1, oracle: bool = False, knobs: dict | No
     """``(rule name, knob value, rule)`` for every rule and knob value of the sweep.
 
     ``knobs`` overrides the default values per rule name: lists of k, τ, γ; for ``"MI-guided"`` and
-    ``"MI-oracle"`` lists of ``(ε, entropy cap)`` pairs (the knob reported is ε; the cap is read
+    ``"MI-oracle"`` lists of ``(ε, entropy cap)`` pairs or ``(ε, entropy cap, budget)`` triples (the
+    summed-MI budget of `mimdm.decoding.MIGuided`; the knob reported is ε; cap and budget are read
     from the rule, see `sweep`); for ``"entropy cap"`` (the MI-guided rule with zero MI at no cost,
     `mimdm.decoding.zero_mi_fn`: the cap alone, a control for what the MI adds) a list of caps, the knob.
 
@@ -169,21 +170,30 @@ def rule_grid(head=None, layer: int = -1, oracle: bool = False, knobs: dict | No
     out += [("threshold", v, Threshold(v)) for v in k["threshold"]]
     out += [("EB-sampler", v, EBSampler(v)) for v in k["EB-sampler"]]
     for name in ("MI-guided", "MI-oracle"):
-        bad = [v for v in k[name] if not (isinstance(v, (tuple, list)) and len(v) == 2)]
+        bad = [v for v in k[name] if not (isinstance(v, (tuple, list)) and len(v) in (2, 3))]
         if bad:
-            raise ValueError(f"{name} knobs must be (eps, entropy cap) pairs (use math.inf for no cap), got {bad}")
+            raise ValueError(f"{name} knobs must be (eps, entropy cap) pairs or (eps, cap, budget) triples (use "
+                             f"math.inf for none), got {bad}")
     out += [("entropy cap", c, MIGuided(zero_mi_fn(), eps=0.0, entropy_cap=c)) for c in k["entropy cap"]]
     if head is not None:
         f = head_mi_fn(head, layer)
-        out += [("MI-guided", e, MIGuided(f, eps=e, entropy_cap=c)) for e, c in k["MI-guided"]]
+        out += [("MI-guided", v[0], MIGuided(f, eps=v[0], entropy_cap=v[1], budget=v[2] if len(v) == 3 else math.inf))
+                for v in k["MI-guided"]]
     if oracle:
-        out += [("MI-oracle", e, MIGuided(oracle_mi_fn(delta=0.01), eps=e, entropy_cap=c)) for e, c in k["MI-oracle"]]
+        out += [("MI-oracle", v[0], MIGuided(oracle_mi_fn(delta=0.01), eps=v[0], entropy_cap=v[1],
+                                             budget=v[2] if len(v) == 3 else math.inf)) for v in k["MI-oracle"]]
     return out
 
 
 def entropy_cap_of(rule) -> float | None:
     """A rule's entropy cap in nats for the sweep tables: None when it has none or it is infinite."""
     c = getattr(rule, "entropy_cap", None)
+    return None if c is None or math.isinf(c) else float(c)
+
+
+def mi_budget_of(rule) -> float | None:
+    """An MI-guided rule's summed-MI budget in nats for the sweep tables: None when it has none or it is infinite."""
+    c = getattr(rule, "budget", None)
     return None if c is None or math.isinf(c) else float(c)
 
 
