@@ -41,9 +41,11 @@ def prepare_artifacts(profile: str, device: str = "cpu", progress: bool = True) 
     from .models.protein_zoo import FamilySpec
 
     pp = protein.prepare(p, FamilySpec(), device=device, progress=progress)
-    print(f"[mimdm] protein MDM {pp['model_name']} ({pp['record']['n_parameters']:,} parameters, validation CE "
-          f"{pp['record']['eval']['val_ce']:.3f} nats) -> {pp['record']['path']}; protein MI head "
-          f"({pp['head'].n_parameters():,} parameters) ready", flush=True)
+    rec = pp["record"]
+    val = rec["val"]["ce"] if "val" in rec else rec["eval"]["val_ce"]
+    print(f"[mimdm] protein MDM {pp['model_name']} ({rec['n_parameters']:,} parameters, validation CE "
+          f"{val:.3f} nats) -> {rec['path']}; protein MI head ({pp['head'].n_parameters():,} parameters) ready",
+          flush=True)
 
 
 def execute_chapters(root: Path, profile: str, device: str = "cpu", chapters: list[str] | None = None,

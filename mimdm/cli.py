@@ -108,6 +108,17 @@ def _load_protein(p, dev, fam):
     from .models.protein_zoo import load_or_train_protein_mdm, protein_mdm_dir
 
     name = p.protein_backbone
+    if name == "potts":
+        from .experiments.protein import aligned_positions
+        from .models.protein_zoo import load_or_select_potts
+
+        try:
+            model, rec = load_or_select_potts(fam, aligned_positions(fam), p.potts, p.potts_l2_grid, p.potts_train,
+                                              device=dev, progress=False, train=False)
+        except FileNotFoundError as e:
+            raise CLIError(f"no trained Potts MDM for profile {p.name!r} under {artifacts_root()} ({e}); run "
+                           f"`mimdm train --profile {p.name} --what protein` first", code=1) from None
+        return model, rec, Path(rec["path"]).parent.name
     if name == "offline":
         try:
             model, rec = load_or_train_protein_mdm(p.protein_model, p.protein_train, fam, device=dev, progress=False,
@@ -122,11 +133,24 @@ def _load_protein(p, dev, fam):
     return model, {"path": str(name), "n_parameters": model.n_parameters()}, Path(str(name)).name
 
 
-def _protein_label_dir(key: str, fam, cfg) -> Path:
-    """Folder of the protein label set (the key of `mimdm.experiments.protein.load_or_build_protein_labels`)."""
+def _protein_label_dir(key: str, fam, p) -> Path:
+    """Folder of the protein label set (the key of `mimdm.experiments.protein.load_or_build_protein_labels`, or of
+    `load_or_build_aligned_labels` for the Potts MDM)."""
     from .artifacts import artifact_dir
 
-    return artifact_dir("protein_labels", key, {"model": key, "data": fam.data_id, **cfg.to_dict()})
+    if p.protein_backbone == "potts":
+        cfg = p.aligned_labels
+        return artifact_dir("protein_labels", key, {"model": key, "data": fam.data_id, "kind": "aligned", **cfg.to_dict()})
+    return artifact_dir("protein_labels", key, {"model": key, "data": fam.data_id, **p.protein_labels.to_dict()})
+
+
+def _protein_labels(model, key: str, fam, p, progress: bool) -> Path:
+    """The profile's protein label set (built now where missing)."""
+    from .experiments.protein import aligned_positions, load_or_build_aligned_labels, load_or_build_protein_labels
+
+    if p.protein_backbone == "potts":
+        return load_or_build_aligned_labels(model, key, aligned_positions(fam), fam, p.aligned_labels, progress)
+    return load_or_build_protein_labels(model, key, fam, p.protein_labels, progress=progress)
 
 
 def _manifest_summary(d: Path, n_shards: int) -> str:
@@ -184,16 +208,27 @@ def _train_protein(p, dev, heads: bool, progress: bool) -> None:
     if heads:
         pp = protein.prepare(p, FamilySpec(), device=dev, progress=progress)
         rec, head = pp["record"], pp["head"]
+        val = rec["val"]["ce"] if "val" in rec else rec["eval"]["val_ce"]
+        n = p.aligned_labels.n_shards if "positions" in pp else p.protein_labels.n_shards
         _log(f"protein MDM {pp['model_name']} ({rec['n_parameters']:,} parameters, validation CE "
-             f"{rec['eval']['val_ce']:.3f} nats per masked residue) -> {rec['path']}")
-        _log(f"protein MI labels ({_manifest_summary(pp['labels'], p.protein_labels.n_shards)}) -> {pp['labels']}")
+             f"{val:.3f} nats per masked position) -> {rec['path']}")
+        _log(f"protein MI labels ({_manifest_summary(pp['labels'], n)}) -> {pp['labels']}")
         _log(f"protein MI head ({head.n_parameters():,} parameters) ready")
         return
     fam = _load_family(p)
-    model, rec = load_protein_model(p.protein_backbone, p.protein_model, p.protein_train, fam, device=dev,
-                                    progress=progress)
+    if p.protein_backbone == "potts":
+        from .experiments.protein import aligned_positions
+        from .models.protein_zoo import load_or_select_potts
+
+        model, rec = load_or_select_potts(fam, aligned_positions(fam), p.potts, p.potts_l2_grid, p.potts_train,
+                                          device=dev, progress=progress)
+        val = rec["val"]["ce"]
+    else:
+        model, rec = load_protein_model(p.protein_backbone, p.protein_model, p.protein_train, fam, device=dev,
+                                        progress=progress)
+        val = rec["eval"]["val_ce"]
     _log(f"protein MDM {p.protein_backbone} ({rec['n_parameters']:,} parameters, validation CE "
-         f"{rec['eval']['val_ce']:.3f} nats per masked residue) -> {rec['path']}")
+         f"{val:.3f} nats per masked position) -> {rec['path']}")
 
 
 def cmd_train(args) -> int:
@@ -233,14 +268,13 @@ def cmd_probe(args) -> int:
                                 max_new_shards=args.max_new_shards)
         _log(f"Sudoku MI labels: {_manifest_summary(d, p.labels.n_shards)} -> {d}")
     else:
-        from .experiments.protein import load_or_build_protein_labels
-
         if args.max_new_shards is not None:
             raise CLIError("--max-new-shards applies to the Sudoku labels only")
         fam = _load_family(p)
         model, rec, key = _load_protein(p, dev, fam)
-        d = load_or_build_protein_labels(model, key, fam, p.protein_labels, progress=progress)
-        _log(f"protein MI labels: {_manifest_summary(d, p.protein_labels.n_shards)} -> {d}")
+        d = _protein_labels(model, key, fam, p, progress)
+        n = p.aligned_labels.n_shards if p.protein_backbone == "potts" else p.protein_labels.n_shards
+        _log(f"protein MI labels: {_manifest_summary(d, n)} -> {d}")
     return 0
 
 
@@ -264,13 +298,12 @@ def cmd_fit_head(args) -> int:
         hcfg, tcfg = head_config_for(p, model), p.head_train
     else:
         from .experiments.mi_head import protein_head_config_for
-        from .experiments.protein import load_or_build_protein_labels
 
         fam = _load_family(p)
         model, rec, key = _load_protein(p, dev, fam)
-        labels = load_or_build_protein_labels(model, key, fam, p.protein_labels, progress=progress)
+        labels = _protein_labels(model, key, fam, p, progress)
         hcfg = protein_head_config_for(p, model)
-        tcfg = p.protein_head_train
+        tcfg = p.aligned_head_train if p.protein_backbone == "potts" else p.protein_head_train
     path = _head_path(labels, hcfg, tcfg)
     cached = path.exists()
     head, hrec = load_or_train_head(labels, hcfg, tcfg, model.mask_id, progress=progress, device=dev)
@@ -388,9 +421,11 @@ def _decode_protein(args) -> dict:
     from .data.protein import validate_sequence
     from .experiments.protein import decode_grouped
 
+    p0 = _profile(args.profile)
     for i, s in enumerate(args.protein, 1):
         try:
-            validate_sequence(s, allow_mask=True)
+            # the Potts MDM reads aligned rows (gaps allowed; the length is checked once the model is loaded)
+            validate_sequence(s, allow_mask=True, allow_gaps=p0.protein_backbone == "potts")
         except (TypeError, ValueError) as e:
             raise CLIError(f"--protein sequence {i}: {e} (use the 20 upper-case amino-acid letters and '_' for a "
                            "masked position)") from None
@@ -408,13 +443,19 @@ def _decode_protein(args) -> dict:
         from .heads import load_head
 
         hcfg = protein_head_config_for(p, model)
-        path = _head_path(_protein_label_dir(key, fam, p.protein_labels), hcfg, p.protein_head_train)
+        tcfg = p.aligned_head_train if p.protein_backbone == "potts" else p.protein_head_train
+        path = _head_path(_protein_label_dir(key, fam, p), hcfg, tcfg)
         if not path.exists():
             raise CLIError(f"--rule mi needs the profile's protein MI head, which is not trained (looked for {path}); "
                            f"run `mimdm fit-head --profile {p.name} --what protein` first", code=1)
         head = load_head(path, dev)[0]
     rule = _make_rule(args.rule, knob, head, p.protein_head_train.layer, cap)
-    toks = [model.encode(s)[0] for s in args.protein]
+    try:
+        toks = [model.encode(s)[0] for s in args.protein]
+    except ValueError as e:
+        raise CLIError(f"--protein: {e}" + (f" (the Potts MDM reads aligned rows of {model.length} columns: the 20 "
+                                            "amino acids, '-' for a gap, '_' for a masked column)"
+                                            if p.protein_backbone == "potts" else "")) from None
     out, nfe, extra, secs = decode_grouped(model, toks, rule, args.temperature, args.seed)
     rows = []
     for s, o, n in zip(args.protein, out, nfe):

@@ -1,4 +1,6 @@
 """The offline protein MDM, MI maps, categorical Jacobian, baselines and protein labels (tiny models, real DHFR data)."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -295,3 +297,142 @@ def test_results_name_keeps_the_default_record():
     names = {xp.results_name(s) for s in (FamilySpec(native_id="P0ABQ4.1"), FamilySpec(chain="B"), FamilySpec(split_seed=1),
                                           FamilySpec(alignment="a/alignment.fasta"), FamilySpec())}
     assert len(names) == 5  # any departure from the default gets its own file
+
+
+# ------------------------------------------------------------------------------------ aligned columns
+@pytest.fixture(scope="module")
+def positions(family):
+    return xp.aligned_positions(family)
+
+
+def test_aligned_positions_and_column_contacts(family, positions):
+    # DHFR: 160 match columns, the native P0ABQ4.1 has a residue in 158 of them, and no insert residues
+    assert positions.length == 158 and positions.values.shape == (len(family.aligned), 158)
+    assert positions.rows[positions.reference].replace("-", "") == family.native
+    assert positions.residue.tolist() == list(range(158))
+    assert set(np.unique(positions.values).tolist()) <= set(range(21)) and (positions.values == 20).any()
+    contacts, mapped = xp.column_contacts(family, positions)
+    c2, ok2 = pr.contacts_for_sequence(family.native, family.structure, family.chain, min_sep=1)
+    assert np.array_equal(contacts, c2) and not mapped.diagonal().any()
+    s = xp.contact_scores(contacts.astype(float), contacts, mapped, positions.separation)
+    assert s["P@L/5"] == 1.0 and s["long P@L/5"] == 1.0 and s["AUROC"] == 1.0
+    # the same scores as with index separations, since DHFR's reference has no insert residues
+    s_idx = xp.contact_scores(contacts.astype(float), contacts, mapped)
+    assert s == s_idx
+
+
+def test_contact_scores_use_the_given_separation():
+    L = 40
+    rng = np.random.default_rng(0)
+    score = rng.random((L, L)); score = score + score.T
+    contacts = np.zeros((L, L), bool)
+    contacts[0, 30] = contacts[30, 0] = True
+    mapped = ~np.eye(L, dtype=bool)
+    score[0, 30] = score[30, 0] = 10.0
+    # positions 0 and 30 are 30 columns apart but (say) 5 residues apart in the reference: not long range, not even sep >= 6
+    sep = np.abs(np.arange(L)[:, None] - np.arange(L)[None, :])
+    sep[0, 30] = sep[30, 0] = 5
+    a = xp.contact_scores(score, contacts, mapped)
+    with pytest.warns(UserWarning):  # one class left: sklearn warns that AUROC is undefined
+        b = xp.contact_scores(score, contacts, mapped, sep)
+    assert a["long P@L/5"] == pytest.approx(1 / 8) and a["n_pairs"] == b["n_pairs"] + 1
+    assert b["P@L"] == 0.0 and b["long P@L/5"] == 0.0  # the pair is out of every range: no contact left to find
+
+
+def test_alignment_baseline_columns_leaves_gaps_out(family, positions):
+    gapless = xp.alignment_baseline_columns(family, positions, gaps=False)
+    with_gaps = xp.alignment_baseline_columns(family, positions, gaps=True)
+    contacts, mapped = xp.column_contacts(family, positions)
+    a = xp.contact_scores(gapless, contacts, mapped, positions.separation)
+    b = xp.contact_scores(with_gaps, contacts, mapped, positions.separation)
+    # measured on DHFR: gap pairs (terminal truncations) rank first when the gap is a state
+    assert a["P@L"] == pytest.approx(0.50, abs=0.02) and b["P@L"] == pytest.approx(0.23, abs=0.02)
+    assert a["long P@L"] > b["long P@L"]
+
+
+def test_matched_generation_and_paired_continuous():
+    rows = [{"rule": "sequential", "knob": math.nan, "entropy_cap": None, "nfe": 100.0, "seconds": 1.0,
+             "bit_score": 100.0, "bit_se": 2.0, "nll": 300.0, "nll_se": 3.0},
+            {"rule": "EB-sampler", "knob": 1.0, "entropy_cap": None, "nfe": 20.0, "seconds": 0.2,
+             "bit_score": 95.0, "bit_se": 2.0, "nll": 305.0, "nll_se": 3.0},   # within 2 SE (5.66 bits, 8.49 nats)
+            {"rule": "EB-sampler", "knob": 3.0, "entropy_cap": None, "nfe": 10.0, "seconds": 0.1,
+             "bit_score": 90.0, "bit_se": 2.0, "nll": 301.0, "nll_se": 3.0},   # 10 bits worse: not matched
+            {"rule": "top-k", "knob": 4.0, "entropy_cap": None, "nfe": 25.0, "seconds": 0.25,
+             "bit_score": 101.0, "bit_se": 2.0, "nll": 310.0, "nll_se": 3.0}]  # NLL 10 worse > 8.49: not matched
+    got = {r["rule"]: r for r in xp.matched_generation(rows)}
+    assert got["EB-sampler"]["nfe"] == 20.0 and got["EB-sampler"]["nfe_reduction"] == 5.0
+    assert math.isnan(got["top-k"]["nfe"])
+    c = xp.paired_continuous([1.0, 2.0, 3.0, 4.0], [0.0, 1.0, 2.0, 3.0])
+    assert c["difference"] == 1.0 and c["ci_low"] == c["ci_high"] == 1.0
+    c = xp.paired_continuous(np.arange(50.0), np.zeros(50))
+    assert c["difference"] == pytest.approx(24.5) and c["ci_low"] < 24.5 < c["ci_high"]
+    with pytest.raises(ValueError, match="paired"):
+        xp.paired_continuous([1.0], [2.0])
+
+
+def test_aligned_infilling_tasks_and_degap(family, positions):
+    truth, masks = xp.aligned_infilling_tasks(family, positions, 5, seed=1)
+    assert truth.shape == (5, 158) and masks.shape == (5, 158) and masks.any(1).all()
+    rates = masks.mean(1)
+    assert ((rates > 0.15) & (rates < 0.85)).all()
+    assert xp.degap_rows(["A-C--D", "----"]) == ["ACD", ""]
+    with pytest.raises(ValueError, match="test split holds"):
+        xp.aligned_infilling_tasks(family, positions, 10**6)
+
+
+def test_bits_floor_short_rows():
+    class FakeHMM:
+        def score(self, seqs):
+            return np.array([-5.0 if s.startswith("W") else 50.0 for s in seqs])
+
+    bits = xp._bits(FakeHMM(), ["A" * 20, "W" * 20, "ACD"])
+    assert bits.tolist() == [50.0, 0.0, 0.0]  # no hit floored at 0; a 3-residue row is no family member
+
+
+def test_best_probed_context_skips_the_gap_map_and_baselines():
+    table = [{"method": "probed MI, 100% masked + APC", "long P@L": 0.4},
+             {"method": "probed MI, 50% masked + APC", "long P@L": 0.5},
+             {"method": "probed MI, 100% masked, gap as a value + APC", "long P@L": 0.9},
+             {"method": "alignment MI + APC", "long P@L": 0.95}]
+    assert xp.best_probed_context(table)["method"] == "probed MI, 50% masked + APC"
+    with pytest.raises(ValueError, match="no probed-MI map"):
+        xp.best_probed_context(table[2:])
+
+
+def test_committed_protein_record_reproduces_its_headline_and_summary():
+    """The committed chapter-4 record: its headline is what `aligned_headline` computes from its values, and the
+    chapter's closing text can be regenerated from it."""
+    import json
+
+    from mimdm.artifacts import REPO_ROOT
+
+    rec = json.loads((REPO_ROOT / "book" / "results" / "protein.json").read_text())
+    v = rec["values"]
+    if v.get("model", {}).get("name") != "potts":
+        pytest.skip("the committed record is not from the aligned Potts MDM")
+    assert set(v["headline"]) == set(xp.HEADLINE_KEYS)
+    got = xp.aligned_headline(v)
+    for k in xp.HEADLINE_KEYS:
+        want = v["headline"][k]
+        assert (want is None and (got[k] is None or math.isnan(got[k]))) or got[k] == pytest.approx(want), k
+    text = xp.summary(v)
+    assert "Contacts" in text and "Generation" in text and f"{v['headline']['head_test_contexts']} contexts" in text
+
+
+@pytest.mark.slow
+def test_raw_sequence_path_of_the_chapter(tmp_path, monkeypatch):
+    """Chapter 4 on raw sequences (the offline ESM-C-architecture model; ESM-C 300M takes the same path):
+    contact study and decoding study run and give scores in range."""
+    monkeypatch.setenv("MIMDM_ARTIFACTS", str(tmp_path))
+    from mimdm.profiles import get_profile
+
+    P = get_profile("smoke")
+    prep = xp.prepare(P, FamilySpec(), "offline", "cpu", progress=False)
+    assert "positions" not in prep
+    cs = xp.contact_study(prep, P, seed=0)
+    methods = [r["method"] for r in cs["table"]]
+    assert "alignment MI + APC" in methods and "MI head, 100% masked + APC" in methods
+    assert all(0 <= r["P@L"] <= 1 for r in cs["table"])
+    dec = xp.decoding_study(prep, P, seed=0)
+    assert {r["rule"] for r in dec["matched_generation"]} >= {"MI-guided", "EB-sampler", "entropy cap"}
+    assert dec["oracle_generation"] == [] and len(dec["novelty"]["sequential"]) == P.protein_generate

@@ -17,6 +17,7 @@ from ..heads import HeadTrainConfig, MIHead, MIHeadConfig, load_head, predict_mi
 from ..labels import LabelConfig, generate_labels, is_complete, label_dir, load_labels
 from ..metrics import correlation, graph_recovery, pair_values
 from ..models.base import MaskedModel
+from ..models.potts import PottsMDM
 from ..models.zoo import grids_to_tokens
 from ..probing import probe_mi
 from ..sudoku_mi import underdetermined_grids
@@ -30,17 +31,35 @@ def load_or_build_labels(model: MaskedModel, model_path: str | Path, cfg: LabelC
     return d
 
 
+def with_target(data: dict, target: str = "mi") -> dict:
+    """Label dict whose ``"mi"`` is the ``target`` labels (e.g. ``"mi_aa"``, the amino-acid-only MI of
+    aligned-model labels), so heads and metrics written for ``"mi"`` read them.
+
+    Raises:
+        KeyError: the labels hold no ``target``.
+    """
+    if target == "mi":
+        return data
+    if target not in data:
+        raise KeyError(f"the labels hold no {target!r} (have: {sorted(k for k in data if k.startswith('mi'))})")
+    return {**data, "mi": data[target]}
+
+
 def load_or_train_head(labels: Path, head_cfg: MIHeadConfig, train_cfg: HeadTrainConfig, mask_id: int,
-                       progress: bool = True, device="cpu") -> tuple[MIHead, dict]:
+                       progress: bool = True, device="cpu", target: str = "mi") -> tuple[MIHead, dict]:
     """The head of these configs trained on ``labels`` (cached in the artifacts by config), loaded on ``device``.
 
-    Training runs on the CPU from the stored hidden states.
+    Training runs on the CPU from the stored hidden states. ``target``: which labels it learns
+    (`with_target`; default the probed MI ``"mi"``).
     """
-    d = artifact_dir("mi_head", Path(labels).name, {"labels": Path(labels).name, "head": head_cfg.to_dict(),
-                                                     "train": train_cfg.to_dict()})
+    key = {"labels": Path(labels).name, "head": head_cfg.to_dict(), "train": train_cfg.to_dict()}
+    if target != "mi":
+        key["target"] = target
+    d = artifact_dir("mi_head", Path(labels).name, key)
     path = d / "head.pt"
     if not path.exists():
-        head, log = train_head(load_labels(labels, "train"), load_labels(labels, "val"), head_cfg, train_cfg,
+        head, log = train_head(with_target(load_labels(labels, "train"), target),
+                               with_target(load_labels(labels, "val"), target), head_cfg, train_cfg,
                                mask_id, progress=progress)
         save_head(head, path, train_cfg, log)
     return load_head(path, device)
@@ -223,10 +242,15 @@ def head_config_for(profile, model: MaskedModel) -> MIHeadConfig:
 def protein_head_config_for(profile, model: MaskedModel) -> MIHeadConfig:
     """The profile's protein MI head architecture for ``model``'s hidden size.
 
-    Position pairs are *relative* (an embedding of the sequence separation |i − j|, separations above 127 sharing the last one): the
-    head is trained on crops of family members of different lengths, where absolute positions do
-    not line up, and it must accept any length at inference.
+    On raw sequences position pairs are *relative* (an embedding of the sequence separation |i − j|, separations above
+    127 sharing the last one): the head is trained on crops of family members of different lengths, where absolute
+    positions do not line up, and it must accept any length at inference. On aligned columns (`PottsMDM`) every
+    row has the same L columns, so position pairs are absolute (``max_len`` = L); its probed MI is small (median
+    0.001 nats per masked pair), so the output starts lower (``out_bias`` -7: bound · 0.0009).
     """
+    if isinstance(model, PottsMDM):  # aligned columns: one length, absolute positions line up across rows
+        return MIHeadConfig(model.hidden_dim, d_hidden=profile.protein_head_hidden, rank=profile.protein_head_rank,
+                            positions="absolute", max_len=model.length, out_bias=-7.0)
     return MIHeadConfig(model.hidden_dim, d_hidden=profile.protein_head_hidden, rank=profile.protein_head_rank,
                         positions="relative", max_len=128)
 
