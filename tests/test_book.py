@@ -8,6 +8,7 @@ import yaml
 
 from mimdm.artifacts import REPO_ROOT
 from mimdm.book import CHAPTERS, copy_book_sources, run_book
+from mimdm.experiments.protein import HEADLINE_KEYS
 
 
 def test_toc_lists_every_chapter_notebook():
@@ -61,8 +62,12 @@ def test_smoke_book_runs_and_builds(tmp_path):
     assert lik["oracle"]["exhaustive_max_error"] < 1e-9
     prot = json.loads((root / "book" / "results" / "protein.json").read_text())["values"]
     methods = {r["method"] for r in prot["contacts"]}
-    assert {"alignment MI + APC (baseline)", "categorical Jacobian + APC", "probed MI (all masked)"} <= methods
-    assert {r["rule"] for r in prot["generation"]} >= {"sequential", "top-k", "threshold", "EB-sampler", "MI-guided"}
+    assert {"alignment MI + APC", "categorical Jacobian + APC", "probed MI, 100% masked + APC", "coupling norm + APC",
+            "pseudo-likelihood Potts (plmDCA) + APC", "MI head, 100% masked + APC"} <= methods
+    assert {r["rule"] for r in prot["decoding"]["generation"]} >= {"sequential", "top-k", "threshold", "EB-sampler",
+                                                                     "MI-guided", "entropy cap"}
+    assert {r["rule"] for r in prot["decoding"]["oracle_generation"]} == {"sequential", "MI-oracle"}
+    assert set(prot["headline"]) == set(HEADLINE_KEYS) and prot["headline"]["head_test_contexts"] >= 1
     for ch in CHAPTERS:
         nb = nbformat.read(root / ch, 4)
         errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
