@@ -123,8 +123,7 @@ class PottsMDM(MaskedModel):
         self.h = nn.Parameter(torch.zeros(L, V))
         self.W = nn.Parameter(torch.zeros(L * V, L * V))
         off = 1.0 - torch.block_diag(*[torch.ones(V, V)] * L)
-        self.register_buffer("offdiag", off, persistent=False)
-        self.register_buffer("offdiag_half", 0.5 * off, persistent=False)
+        self.register_buffer("offdiag_half", 0.5 * off, persistent=False)  # [L·V, L·V]: symmetrise and zero i = j
         self.register_buffer("embedding", torch.zeros(L, embed_dim))
         self.register_buffer("columns", torch.as_tensor(np.arange(L) if columns is None else np.asarray(columns),
                                                          dtype=torch.long))
@@ -251,11 +250,6 @@ def aligned_rows(aligned: list[str], columns: np.ndarray) -> list[str]:
     """Rows of an alignment restricted to ``columns``, upper case, ``.`` → ``-`` (aligned-model input text)."""
     A = np.frombuffer("".join(aligned).encode("ascii"), dtype=np.uint8).reshape(len(aligned), -1)[:, columns]
     return [r.tobytes().decode("ascii").upper().replace(".", "-") for r in A]
-
-
-def aligned_values(aligned: list[str], columns: np.ndarray) -> np.ndarray:
-    """``[N, L]`` int64 values (0..19 amino acids, 20 gap) of the rows at ``columns`` (`encode_alignment`)."""
-    return pr.encode_alignment(aligned_rows(aligned, columns)).astype(np.int64)
 
 
 def weighted_rows(values_NL: np.ndarray, weights_N: np.ndarray, one_masked: bool = False):
