@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 PROFILE ?= cpu
 DEVICE ?= cpu
 TORCH_PIP_ARGS ?=
+# RETRAIN=1: ignore the shipped checkpoints (checkpoints/$(PROFILE)/) and train everything from scratch.
+RETRAIN ?=
 
 .PHONY: book test venv clean
 
@@ -24,7 +26,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 book: venv
-	$(BIN)/mimdm book --profile $(PROFILE) --device $(DEVICE)
+	$(BIN)/mimdm book --profile $(PROFILE) --device $(DEVICE) $(if $(RETRAIN),--retrain)
 
 test: venv
 	$(BIN)/python -m pytest -q

@@ -105,15 +105,56 @@ def copy_book_sources(dst: Path, src: Path = REPO_ROOT) -> Path:
     return dst
 
 
+def use_shipped(profile: str, retrain: bool = False) -> list[Path]:
+    """Install the profile's shipped checkpoints into the cache and refuse any other training of their kinds.
+
+    Unless ``retrain``: every slot under ``checkpoints/<profile>/`` is verified (sha256, config hash) and copied into
+    the artifact cache, and ``$MIMDM_SHIPPED_ONLY`` is set to the profile for this process and the chapters' kernels
+    (`mimdm.shipped.refuse_training`). With ``retrain`` the variable is cleared and nothing is installed, so
+    everything is trained from scratch into the cache. Returns the cache folders filled.
+
+    Raises:
+        mimdm.shipped.ShippedCheckpointError: a shipped file is missing or altered.
+    """
+    from . import shipped
+
+    if retrain or not shipped.records(profile):
+        os.environ.pop(shipped.ENV, None)
+        return []
+    filled = shipped.install(profile)
+    os.environ[shipped.ENV] = profile
+    print(f"[mimdm] {len(filled)} shipped checkpoints of profile {profile!r} verified and installed; other training "
+          f"of their kinds is refused (retrain from scratch: `{shipped.RETRAIN_COMMAND}`)", flush=True)
+    return filled
+
+
 def run_book(profile: str = "cpu", device: str = "cpu", root: Path = REPO_ROOT, chapters: list[str] | None = None,
-             execute: bool = True, build: bool = True, progress: bool = True) -> Path | None:
-    """The main job: prepare artifacts, execute chapters, build HTML. Returns the index path if built."""
+             execute: bool = True, build: bool = True, progress: bool = True, retrain: bool = False) -> Path | None:
+    """The main job: prepare artifacts, execute chapters, build HTML. Returns the index path if built.
+
+    Uses the profile's shipped checkpoints unless ``retrain`` (`use_shipped`). A full run (every chapter executed)
+    writes ``book/results/book_run.json``: seconds of the preparation and of each chapter, ``total_minutes``,
+    whether it retrained and which shipped checkpoints it used.
+    """
+    from .results import write_results
+
     resolve_device(device)  # fail early on a wrong device
-    get_profile(profile)
+    prof = get_profile(profile)
     t0 = time.perf_counter()
     if execute:
+        filled = use_shipped(profile, retrain)
         prepare_artifacts(profile, device, progress)
-        execute_chapters(root, profile, device, chapters, progress)
+        t_prep = time.perf_counter() - t0
+        seconds = {}
+        for ch in chapters or CHAPTERS:
+            t1 = time.perf_counter()
+            execute_chapters(root, profile, device, [ch], progress)
+            seconds[ch] = round(time.perf_counter() - t1, 1)
+        if chapters is None:
+            write_results("book_run", {"prepare_seconds": round(t_prep, 1), "chapter_seconds": seconds,
+                                       "total_minutes": round((time.perf_counter() - t0) / 60, 2), "retrain": retrain,
+                                       "shipped": [f"{p.parent.name}/{p.name}" for p in filled]},
+                          prof, device, Path(root) / "book" / "results")
     index = build_html(root) if build else None
     print(f"[mimdm] book done in {time.perf_counter() - t0:.0f} s" + (f": {index}" if index else ""), flush=True)
     return index

@@ -558,7 +558,8 @@ def cmd_book(args) -> int:
     """`mimdm book`: run the chapters with papermill under a profile and build the HTML book. Returns 0."""
     from .book import run_book
 
-    run_book(args.profile, args.device, chapters=args.chapter, execute=not args.no_execute, build=not args.no_build)
+    run_book(args.profile, args.device, chapters=args.chapter, execute=not args.no_execute, build=not args.no_build,
+             retrain=args.retrain)
     return 0
 
 
@@ -589,6 +590,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (default: cpu)")
     b.add_argument("--chapter", action="append", help="only this chapter notebook (repeatable), e.g. book/01_ground_truth_mi.ipynb")
     b.add_argument("--no-execute", action="store_true", help="only build the HTML from the notebooks as they are")
+    b.add_argument("--retrain", action="store_true",
+                   help="ignore the shipped checkpoints (checkpoints/<profile>/) and train everything from scratch")
     b.add_argument("--no-build", action="store_true", help="only execute the chapters")
     b.set_defaults(func=cmd_book)
 
@@ -686,12 +689,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run ``mimdm`` with ``argv`` (default: ``sys.argv[1:]``); returns 0 or raises `SystemExit` on error."""
     args = build_parser().parse_args(argv)
+    from .shipped import ShippedCheckpointError
+
     try:
         return args.func(args)
     except CLIError as e:
         print(f"mimdm {args.cmd}: error: {e}", file=sys.stderr)
         raise SystemExit(e.code) from None
     except FileNotFoundError as e:  # missing weights/checkpoints: the messages say how to produce them
+        print(f"mimdm {args.cmd}: error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except ShippedCheckpointError as e:  # a shipped checkpoint altered or not matching the profile: says how to retrain
         print(f"mimdm {args.cmd}: error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     except KeyboardInterrupt:

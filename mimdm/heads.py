@@ -483,7 +483,8 @@ def load_head(path: Path, device="cpu") -> tuple[MIHead, dict]:
         device: where to put the head (checked by `mimdm.device.resolve_device`).
 
     Returns:
-        ``(head in eval mode, record)``; the record holds ``head_config``, ``train_config``, ``log``, ``extra``.
+        ``(head in eval mode, record)``; the record holds ``head_config``, ``train_config``, ``log``, ``extra``
+        and ``path``.
 
     Raises:
         FileNotFoundError: missing file. ValueError: not an MI-head checkpoint, one of an older head
@@ -501,4 +502,5 @@ def load_head(path: Path, device="cpu") -> tuple[MIHead, dict]:
     head.load_state_dict(ck["state_dict"])
     head.to(device).eval()
     rec = {k: json.loads(ck[k]) for k in ("head_config", "train_config", "log", "extra")}
+    rec["path"] = str(path)
     return head, rec

@@ -121,6 +121,12 @@ def test_training_learns_the_coupled_pair_and_resumes(tmp_path):
     assert F[1, 4] > 3 * np.delete(F[1], [1, 4]).max()
     assert rec["val"]["ce_0.15"] < rec["val"]["ce_1"] - 0.2  # context helps: the copied column is predicted
     assert rec["best_step"] in [e["step"] for e in rec["log"] if "val_loss" in e]
+    # the returned model is already at the stored precision: saved and loaded, it gives the same CE exactly
+    from mimdm.models.potts import load_potts, save_potts
+    save_potts(m, tmp_path / "m.pt", cfg, tcfg, rec)
+    m2, _ = load_potts(tmp_path / "m.pt")
+    assert torch.equal(m2.couplings(), m.couplings()) and torch.equal(m2.embedding, m.embedding)
+    assert held_out_ce(m2, v[1600:], w[1600:]) == rec["val"]
     # interrupted at step 20 and resumed: the same weights as the uninterrupted run
     (tmp_path / "r.pt").unlink(missing_ok=True)
     from mimdm.models.training import train_mdm

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..artifacts import artifact_dir
+from ..shipped import refuse_training
 from ..data import sudoku as sd
 from ..heads import HeadTrainConfig, MIHead, MIHeadConfig, load_head, predict_mi, save_head, train_head
 from ..labels import LabelConfig, generate_labels, is_complete, label_dir, load_labels
@@ -58,6 +59,7 @@ def load_or_train_head(labels: Path, head_cfg: MIHeadConfig, train_cfg: HeadTrai
     d = artifact_dir("mi_head", Path(labels).name, key)
     path = d / "head.pt"
     if not path.exists():
+        refuse_training(d, "MI head")
         head, log = train_head(with_target(load_labels(labels, "train"), target),
                                with_target(load_labels(labels, "val"), target), head_cfg, train_cfg,
                                mask_id, progress=progress)

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ..artifacts import artifact_dir, atomic_save, load_checkpoint
+from ..shipped import refuse_training
 from ..data import protein as pr
 from ..device import apply_precision, resolve_device
 from .esmc import ESMCMDM
@@ -344,6 +345,7 @@ def load_or_train_protein_mdm(model_cfg: ProteinMDMConfig, train_cfg: TrainConfi
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(train_cfg.seed)
         model = ESMCMDM.from_config(model_cfg.d_model, model_cfg.n_heads, model_cfg.n_layers, max_len=model_cfg.max_len).to(dev)
+    refuse_training(d, "offline protein MDM")
     log = train_mdm(model, length_batches(family.part("train"), window), train_cfg, d / "train_state.pt", progress=progress)
     model.eval()
     t0 = time.perf_counter()
@@ -398,6 +400,7 @@ def load_or_train_potts(family: FamilyData, positions, cfg, train_cfg: TrainConf
         return load_potts(final, dev)
     if not train:
         raise FileNotFoundError(f"no trained Potts MDM at {final}; run the book or `mimdm train` with train enabled")
+    refuse_training(d, "Potts MDM")
     sp = family.split
     v, w = positions.values, positions.weights
     model, rec = train_potts_mdm(v[sp.train], w[sp.train], v[sp.val], w[sp.val], cfg, train_cfg, d / "train_state.pt",
@@ -417,7 +420,8 @@ def load_or_select_potts(family: FamilyData, positions, cfg, l2_grid, train_cfg:
     Each candidate is `load_or_train_potts` with ``cfg.l2`` replaced (cached separately). The selection uses the
     validation rows only; the record's ``l2_sweep`` lists every candidate's training, validation and test CE
     (mean over 15%, 50% and 100% masked, nats per masked column), best step and training seconds, so over-fitting
-    (training CE far below held-out) is visible.
+    (training CE far below held-out) is visible. The choice is stored (``selection.json`` in its own artifact folder,
+    ``record["selection_path"]``), so later calls need only the chosen model, as when it is a shipped checkpoint.
 
     Raises:
         ValueError: an empty ``l2_grid``. FileNotFoundError: ``train=False`` and a candidate is not cached.
@@ -426,6 +430,16 @@ def load_or_select_potts(family: FamilyData, positions, cfg, l2_grid, train_cfg:
 
     if not l2_grid:
         raise ValueError("l2_grid is empty: give at least one L2 penalty")
+    cols_id = hashlib.sha256(np.asarray(positions.columns).tobytes()).hexdigest()[:12]
+    sel_dir = artifact_dir("protein_mdm", f"potts-{cfg.masking}-selection", {
+        "model": {**cfg.to_dict(), "l2": None}, "l2_grid": [float(x) for x in l2_grid], "train": train_cfg.to_dict(),
+        "data": family.data_id, "columns": cols_id}, root)
+    sel_path = sel_dir / "selection.json"
+    if sel_path.is_file():  # the choice was made before: only the chosen model is needed (and may be all that is shipped)
+        sel = json.loads(sel_path.read_text())
+        model, rec = load_or_train_potts(family, positions, dataclasses.replace(cfg, l2=sel["l2"]), train_cfg, device,
+                                         progress, root, train)
+        return model, {**rec, "l2": sel["l2"], "l2_sweep": sel["l2_sweep"], "selection_path": str(sel_path)}
     cands = []
     for l2 in l2_grid:
         m, rec = load_or_train_potts(family, positions, dataclasses.replace(cfg, l2=float(l2)), train_cfg, device,
@@ -435,5 +449,6 @@ def load_or_select_potts(family: FamilyData, positions, cfg, l2_grid, train_cfg:
     sweep = [{"l2": l2, "train_ce": r["train"]["ce"], "val_ce": r["val"]["ce"], "test_ce": r["test"]["ce"],
               "val_ce_0.15": r["val"]["ce_0.15"], "train_ce_0.15": r["train"]["ce_0.15"], "best_step": r["best_step"],
               "train_seconds": r["train_seconds"]} for _, l2, _, r in cands]
-    model, rec = best[2], {**best[3], "l2": best[1], "l2_sweep": sweep}
+    sel_path.write_text(json.dumps({"l2": best[1], "l2_sweep": sweep}, indent=1) + "\n")
+    model, rec = best[2], {**best[3], "l2": best[1], "l2_sweep": sweep, "selection_path": str(sel_path)}
     return model, rec

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..artifacts import artifact_dir, atomic_save, load_checkpoint
+from ..shipped import refuse_training
 from ..data import sudoku as sd
 from ..device import apply_precision, resolve_device
 from .sudoku import SudokuMDM, SudokuMDMConfig
@@ -134,6 +135,7 @@ def load_or_train_sudoku_mdm(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig,
         return apply_precision(model, precision), rec
     if not train:
         raise FileNotFoundError(f"no trained Sudoku MDM at {final}; run `mimdm train` or pass train=True")
+    refuse_training(d, "Sudoku MDM")
     torch.manual_seed(train_cfg.seed)
     model = SudokuMDM(model_cfg).to(dev)
     log = train_mdm(model, sudoku_batch, train_cfg, d / "train_state.pt", progress=progress)

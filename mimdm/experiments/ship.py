@@ -1,0 +1,143 @@
+"""Which trained artifacts a profile ships (`mimdm.shipped`), what each slot's evaluation is, and how to reproduce it.
+
+Every slot's record holds ``evaluation = {"reproduce": {...}, "measured": {...}}``: ``reproduce`` is recomputed by
+`reproduce` from the shipped files alone in seconds (a test checks it on every shipped slot); ``measured`` holds
+numbers measured when shipping that need more than the slot (e.g. the head's test Pearson on probed labels).
+
+Protein slots (the default family, chapter 4): ``protein_potts`` and ``protein_potts_selection`` (the aligned-column
+Potts MDM with the L2 chosen on validation CE, and that choice), ``protein_plm`` and ``protein_plm_selection`` (the
+pseudo-likelihood baseline), ``protein_mi_head`` and ``protein_contact_head`` (the MI heads on probed ``mi`` and
+``mi_aa`` labels).
+"""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import shipped
+
+#: Masking of the fixed contexts a head's fingerprint is computed on (the native row, this share masked, seed 0).
+FINGERPRINT_RATES = (1.0, 0.5)
+
+
+@functools.lru_cache(maxsize=1)
+def _protein_fixture():
+    from ..models.protein_zoo import FamilySpec, load_family
+    from .protein import aligned_positions
+
+    fam = load_family(FamilySpec())
+    return fam, aligned_positions(fam)
+
+
+def potts_evaluation(model, family, positions) -> dict:
+    """Held-out masked CE (nats per masked column) of the test-split rows at 15%, 50%, 100% masked (seed 0)."""
+    from ..models.potts import held_out_ce
+
+    t = family.split.test
+    return held_out_ce(model, positions.values[t], positions.weights[t], (0.15, 0.5, 1.0))
+
+
+def head_fingerprint(model, head, positions, layer: int = -1) -> dict:
+    """Sum of the head's predicted MI (nats) on the reference row masked at each of `FINGERPRINT_RATES` (seed 0)."""
+    from .protein import head_map
+
+    rng = np.random.default_rng(0)
+    out = {}
+    for rate in FINGERPRINT_RATES:
+        tok = torch.as_tensor(positions.values[positions.reference], dtype=torch.long)[None].clone()
+        mask = rng.random(positions.length) < rate
+        tok[0, torch.from_numpy(mask)] = model.mask_id
+        out[f"mi_sum_{rate:g}"] = float(head_map(model, head, tok.to(model.device), layer).sum())
+    return out
+
+
+def protein_slots(prep: dict, head_study: dict | None = None) -> list[tuple[str, Path, list[str], dict]]:
+    """``(slot, artifact folder, files, evaluation)`` of every protein artifact chapter 4 trains (Potts backbone).
+
+    Args:
+        prep: `mimdm.experiments.protein.prepare` output for the default family with ``"potts"``.
+        head_study: optional `mimdm.experiments.protein.aligned_head_study` output (its test Pearson goes into
+            ``measured``).
+
+    Raises:
+        ValueError: ``prep`` is not of the Potts backbone.
+    """
+    if "positions" not in prep:
+        raise ValueError("only the aligned-column Potts backbone is shipped; prepare chapter 4 with model='potts'")
+    fam, pos, model = prep["family"], prep["positions"], prep["model"]
+    plm, plm_rec = prep["plm"]
+    out = []
+    for slot, m, rec in (("protein_potts", model, prep["record"]), ("protein_plm", plm, plm_rec)):
+        out.append((slot, Path(rec["path"]).parent, ["model.pt"],
+                    {"reproduce": {"test_ce": potts_evaluation(m, fam, pos)},
+                     "measured": {"l2": rec["l2"], "val_ce": rec["val"], "train_ce": rec["train"]}}))
+        out.append((slot + "_selection", Path(rec["selection_path"]).parent, ["selection.json"],
+                    {"reproduce": {"l2": rec["l2"]}, "measured": {"l2_sweep": rec["l2_sweep"]}}))
+    for slot, key, hs in (("protein_mi_head", "head", "decoding_head"), ("protein_contact_head", "contact_head",
+                                                                         "contact_head")):
+        rec = prep[key + "_record"]
+        measured = {k: head_study[hs][k] for k in ("pearson", "spearman") if k in head_study[hs]} if head_study else {}
+        out.append((slot, Path(rec["path"]).parent, ["head.pt"],
+                    {"reproduce": {"fingerprint": head_fingerprint(model, prep[key], pos)}, "measured": measured}))
+    return out
+
+
+def reproduce(record: dict, device="cpu") -> dict:
+    """Recompute a shipped slot's ``evaluation["reproduce"]`` from the installed checkpoints.
+
+    Raises:
+        KeyError: a slot this module does not know.
+        FileNotFoundError: a checkpoint it needs is not installed (`mimdm.shipped.install`).
+    """
+    from ..artifacts import artifacts_root
+    from ..heads import load_head
+    from ..models.potts import load_potts
+
+    slot = record["slot"]
+    path = artifacts_root() / record["artifact"]
+    if slot.endswith("_selection"):
+        return {"l2": json.loads((path / "selection.json").read_text())["l2"]}
+    fam, pos = _protein_fixture()
+    if slot in ("protein_potts", "protein_plm"):
+        model, _ = load_potts(path / "model.pt", device)
+        return {"test_ce": potts_evaluation(model, fam, pos)}
+    if slot in ("protein_mi_head", "protein_contact_head"):
+        potts = next(r for r in shipped.records(record["profile"]) if r["slot"] == "protein_potts")
+        model, _ = load_potts(artifacts_root() / potts["artifact"] / "model.pt", device)
+        head, _ = load_head(path / "head.pt", device)
+        return {"fingerprint": head_fingerprint(model, head, pos)}
+    raise KeyError(f"no evaluation known for shipped slot {slot!r}")
+
+
+def ship_protein(profile, device="cpu", progress: bool = True) -> list[Path]:
+    """Train (or find) chapter 4's artifacts of ``profile`` for the default family and ship them.
+
+    Returns:
+        The slot folders written under ``checkpoints/<profile.name>/``.
+    """
+    from ..artifacts import git_commit
+    from ..models.protein_zoo import FamilySpec
+    from .protein import aligned_head_study, prepare
+
+    prep = prepare(profile, FamilySpec(), "potts", device=device, progress=progress)
+    study = aligned_head_study(prep)
+    dirs = []
+    for slot, src, files, ev in protein_slots(prep, study):
+        cfg = json.loads((src / "config.json").read_text())
+        minutes = None
+        if slot in ("protein_potts", "protein_plm"):
+            rec = prep["record"] if slot == "protein_potts" else prep["plm"][1]
+            minutes = round(rec["train_seconds"] / 60, 2)
+        elif "head" in slot:
+            log = prep[("head" if slot == "protein_mi_head" else "contact_head") + "_record"].get("log") or []
+            minutes = round(log[-1]["seconds"] / 60, 2) if log and "seconds" in log[-1] else None
+        dirs.append(shipped.ship(src, profile.name, slot, files, ev, minutes, git_commit(),
+                                 extra={"torch": torch.__version__, "kind": cfg.get("arch") or src.parent.name}))
+    return dirs
+
+
+__all__ = ["FINGERPRINT_RATES", "head_fingerprint", "potts_evaluation", "protein_slots", "reproduce", "ship_protein"]

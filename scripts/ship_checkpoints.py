@@ -1,0 +1,45 @@
+"""Train (or find in the cache) a profile's models and ship them as checkpoints under ``checkpoints/<profile>/``.
+
+What is shipped and how each slot's evaluation is defined: `mimdm.experiments.ship`; the format and the
+checks ``make book`` runs on them: `mimdm.shipped`. Run from the repository root, at low priority, e.g.
+
+    nice -n 19 .venv/bin/python scripts/ship_checkpoints.py --profile cpu --what protein
+
+then commit ``checkpoints/<profile>/`` (each file at most 20 MB; a slot is replaced, not versioned).
+Trains with the shipped-only guard off, whatever ``$MIMDM_SHIPPED_ONLY`` says.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", default="cpu", help="run profile (default cpu)")
+    ap.add_argument("--what", choices=["protein"], action="append", help="which models (repeatable; default all)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    os.environ.pop("MIMDM_SHIPPED_ONLY", None)
+    from mimdm.experiments import ship
+    from mimdm.profiles import get_profile
+
+    try:
+        profile = get_profile(args.profile)
+    except ValueError as e:
+        print(f"ship_checkpoints: error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    for what in args.what or ["protein"]:
+        dirs = ship.ship_protein(profile, args.device, progress=not args.no_progress)
+        for d in dirs:
+            print(f"[ship] {d}", flush=True)
+    print(f"[ship] done in {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Shipped checkpoints: verification, installation into the cache, refusal to retrain, and the Potts packing."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from mimdm import shipped
+from mimdm.artifacts import artifact_dir
+from mimdm.models.potts import PottsMDM, PottsMDMConfig, load_potts, pack_couplings, save_potts, unpack_couplings
+from mimdm.models.sudoku import SudokuMDMConfig
+from mimdm.models.training import TrainConfig
+from mimdm.models.zoo import load_or_train_sudoku_mdm, solve_rate, sudoku_mdm_dir
+
+
+@pytest.fixture
+def roots(tmp_path, monkeypatch):
+    ship_root, cache = tmp_path / "checkpoints", tmp_path / "cache"
+    monkeypatch.setattr(shipped, "SHIPPED_ROOT", ship_root)
+    monkeypatch.setenv("MIMDM_ARTIFACTS", str(cache))
+    monkeypatch.delenv(shipped.ENV, raising=False)
+    return ship_root, cache
+
+
+def _artifact(cache, payload=b"weights", config=None):
+    d = artifact_dir("toy_model", "m", config or {"width": 4, "train": {"steps": 10}}, cache)
+    (d / "model.pt").write_bytes(payload)
+    return d
+
+
+def test_ship_verify_install_roundtrip(roots):
+    ship_root, cache = roots
+    src = _artifact(cache)
+    slot = shipped.ship(src, "cpu", "toy", ["model.pt"], {"score": 0.5}, 1.5, "abc")
+    rec = json.loads((slot / "record.json").read_text())
+    assert rec["artifact"] == f"toy_model/{src.name}" and rec["config"] == {"width": 4, "train": {"steps": 10}}
+    assert rec["files"]["model.pt"] == {"sha256": shipped.sha256_file(src / "model.pt"), "bytes": 7}
+    assert [r["slot"] for r in shipped.records("cpu")] == ["toy"] and shipped.records("smoke") == []
+    # a fresh cache receives the file; a second install leaves it alone; an altered cache copy is replaced
+    (src / "model.pt").unlink()
+    assert shipped.install("cpu") == [src] and (src / "model.pt").read_bytes() == b"weights"
+    (src / "model.pt").write_bytes(b"stale")
+    shipped.install("cpu")
+    assert (src / "model.pt").read_bytes() == b"weights"
+
+
+def test_verify_catches_altered_missing_and_mislabelled_files(roots):
+    ship_root, cache = roots
+    slot = shipped.ship(_artifact(cache), "cpu", "toy", ["model.pt"], {}, None, None)
+    (slot / "model.pt").write_bytes(b"version https://git-lfs.github.com/spec/v1\n")
+    with pytest.raises(shipped.ShippedCheckpointError, match=r"model.pt has sha256 .* not the recorded .*Git LFS"):
+        shipped.install("cpu")
+    (slot / "model.pt").unlink()
+    with pytest.raises(shipped.ShippedCheckpointError, match="is missing; restore it"):
+        shipped.verify(slot)
+    rec = json.loads((slot / "record.json").read_text())
+    rec["config"]["width"] = 5
+    (slot / "record.json").write_text(json.dumps(rec))
+    with pytest.raises(shipped.ShippedCheckpointError, match="config does not hash to the artifact name"):
+        shipped.verify(slot)
+    with pytest.raises(shipped.ShippedCheckpointError, match="no record.json"):
+        shipped.verify(ship_root)
+
+
+def test_ship_rejects_big_files_and_non_artifacts(roots, monkeypatch, tmp_path):
+    _, cache = roots
+    src = _artifact(cache)
+    monkeypatch.setattr(shipped, "MAX_FILE_BYTES", 6)
+    with pytest.raises(ValueError, match="7 bytes, over the 6-byte limit"):
+        shipped.ship(src, "cpu", "toy", ["model.pt"], {}, None, None)
+    with pytest.raises(FileNotFoundError, match="not an artifact folder"):
+        shipped.ship(tmp_path, "cpu", "toy", [], {}, None, None)
+    with pytest.raises(FileNotFoundError, match="other.pt not found"):
+        shipped.ship(src, "cpu", "toy", ["other.pt"], {}, None, None)
+
+
+def test_refuse_training_names_the_differing_keys(roots, monkeypatch):
+    _, cache = roots
+    shipped.ship(_artifact(cache), "cpu", "toy", ["model.pt"], {}, None, None)
+    other = artifact_dir("toy_model", "m", {"width": 4, "train": {"steps": 99}}, cache)
+    unrelated = artifact_dir("other_kind", "m", {"width": 1}, cache)
+    shipped.refuse_training(other, "toy model")  # shipped-only is off: training allowed
+    monkeypatch.setenv(shipped.ENV, "cpu")
+    with pytest.raises(shipped.ShippedCheckpointError,
+                       match=r"toy model: profile 'cpu' needs toy_model/m-\w+, which no shipped checkpoint holds "
+                             r"\(closest: cpu/toy, differing in train.steps\); retrain everything with `make book RETRAIN=1`"):
+        shipped.refuse_training(other, "toy model")
+    shipped.refuse_training(unrelated, "other")  # the profile ships nothing of this kind: allowed
+    monkeypatch.setenv(shipped.ENV, "smoke")
+    shipped.refuse_training(other, "toy model")  # another profile's slots do not count
+
+
+def test_shipped_sudoku_mdm_loads_without_training_and_reproduces_its_evaluation(roots, monkeypatch):
+    _, cache = roots
+    mcfg = SudokuMDMConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32)
+    tcfg = TrainConfig(steps=4, batch_size=8, warmup=1, ckpt_every=2, log_every=2)
+    model, rec = load_or_train_sudoku_mdm(mcfg, tcfg, n_eval=5, progress=False)
+    d = sudoku_mdm_dir(mcfg, tcfg)
+    shipped.ship(d, "cpu", "sudoku_mdm", ["model.pt"], rec["eval"], 0.01, None)
+    (d / "model.pt").unlink()
+    monkeypatch.setenv(shipped.ENV, "cpu")
+    shipped.install("cpu")
+    model2, rec2 = load_or_train_sudoku_mdm(mcfg, tcfg, n_eval=5, progress=False)
+    assert solve_rate(model2, 5)["solve_rate"] == rec["eval"]["solve_rate"]
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), model2.state_dict().values()))
+    with pytest.raises(shipped.ShippedCheckpointError, match="differing in train.steps"):
+        load_or_train_sudoku_mdm(mcfg, dataclasses.replace(tcfg, steps=5), n_eval=5, progress=False)
+
+
+def test_potts_couplings_pack_to_upper_blocks_in_float16(tmp_path):
+    L, V = 5, 21
+    g = torch.Generator().manual_seed(0)
+    model = PottsMDM(L, embed_dim=3)
+    with torch.no_grad():
+        model.W.copy_(torch.randn(L * V, L * V, generator=g))
+        model.h.copy_(torch.randn(L, V, generator=g))
+        model.embedding.copy_(torch.randn(L, 3, generator=g))
+    J = model.couplings()
+    packed = pack_couplings(J, L)
+    assert packed.shape == (L * (L - 1) // 2, V, V) and packed.dtype == torch.float16
+    # block of the pair (1, 3): index 4 in triu order (0,1) (0,2) (0,3) (0,4) (1,2) ... -> (1,3) is 5
+    assert torch.equal(packed[5], J[1 * V:2 * V, 3 * V:4 * V].half())
+    J2 = unpack_couplings(packed, L)
+    assert torch.equal(J2, J.half().float())  # exactly the float16 rounding, symmetric, zero diagonal blocks
+    assert torch.equal(J2, J2.T) and not J2[:V, :V].any()
+    save_potts(model, tmp_path / "m.pt", PottsMDMConfig(), TrainConfig(steps=1), {"val": {"ce": 1.0}})
+    loaded, rec = load_potts(tmp_path / "m.pt")
+    assert torch.equal(loaded.couplings(), J2) and torch.equal(loaded.h, model.h) and rec["val"]["ce"] == 1.0
+    tok = torch.tensor([[0, 21, 3, 21, 20]])
+    expect = model.h + (J2.reshape(L, V, L, V)[:, :, [0, 2, 4], [0, 3, 20]].sum(-1)).reshape(L, V)
+    assert torch.allclose(loaded(tok).logits[0, [1, 3]], expect[[1, 3]], atol=1e-5)
+    with pytest.raises(ValueError, match=r"packed couplings must have shape \(10, 21, 21\) for 5 columns"):
+        unpack_couplings(packed[:3], L)
