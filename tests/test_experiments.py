@@ -212,3 +212,43 @@ def test_per_item_outcomes_feed_paired_matched_and_oracle_rows():
            for r, v in [("MI-guided", seq), ("MI-oracle", np.r_[np.ones(16), np.zeros(4)].astype(np.int8))]]
     gap = sp.oracle_gap(orc, "solve_rate")
     assert gap[0]["solve_rate_gap"] == pytest.approx(0.3) and gap[0]["mcnemar_p"] == pytest.approx(2 / 2 ** 6)
+
+
+def test_settings_chosen_on_dev_are_reported_on_held_out_items():
+    from mimdm.experiments import speedup as sp
+
+    nan = float("nan")
+
+    def row(rule, knob, nfe, rate, cap=None, budget=None, seconds=None):
+        return {"rule": rule, "knob": knob, "entropy_cap": cap, "mi_budget": budget, "nfe": nfe, "solve_rate": rate,
+                "seconds": seconds or nfe / 100}
+
+    dev = [row("sequential", nan, 60, 0.80), row("top-k", 2, 30, 0.79), row("top-k", 4, 15, 0.60),
+           row("MI-guided", 0.01, 20, 0.80, cap=0.3), row("MI-guided", 0.03, 12, 0.795, cap=0.3),
+           row("MI-guided", 0.03, 12, 0.70, cap=None), row("threshold", 0.5, 10, 0.2)]
+    sel = sp.select_on_dev(dev, "solve_rate")
+    assert [(s["rule"], s["knob"], s["entropy_cap"], s["dev_nfe"]) for s in sel[1:]] == \
+        [("top-k", 2, None, 30), ("MI-guided", 0.03, 0.3, 12)]  # threshold never matches: left out
+    assert sel[0]["rule"] == "sequential" and sel[0]["dev_solve_rate"] == 0.80
+    grid = sp.rule_grid(head=object(), knobs={"top-k": [2, 4], "MI-guided": [(0.03, 0.3), (0.03, float("inf"))]})
+    chosen = sp.chosen_rules(sel, grid)
+    assert [(n, k) for n, k, _ in chosen] == [("sequential", sel[0]["knob"]), ("top-k", 2), ("MI-guided", 0.03)]
+    assert chosen[2][2].entropy_cap == 0.3
+    with pytest.raises(ValueError, match="chosen on the development set is not in the rule grid"):
+        sp.chosen_rules(sel, sp.rule_grid(knobs={"top-k": [4]}))
+    # held out: 10 puzzles; sequential solves 8, top-k(2) the same 8, MI-guided 7 of them
+    ik = sp.items_key("solve_rate")
+    s_items = np.array([1] * 8 + [0] * 2, np.int8)
+    test = [{**row("sequential", nan, 60, 0.8), ik: s_items}, {**row("top-k", 2, 30, 0.8), ik: s_items.copy()},
+            {**row("MI-guided", 0.03, 15, 0.7, cap=0.3, seconds=0.3), ik: np.array([1] * 7 + [0] * 3, np.int8)}]
+    rep = sp.report_held_out(test, "solve_rate")
+    assert [r["nfe_reduction"] for r in rep] == [1.0, 2.0, 4.0]
+    assert rep[2]["wallclock_reduction"] == pytest.approx(0.6 / 0.3)
+    assert rep[1]["paired_difference"] == 0 and rep[1]["mcnemar_p"] == 1.0
+    assert rep[2]["paired_difference"] == pytest.approx(-0.1) and rep[2]["mcnemar_p"] == 1.0  # 1 discordant item
+    lo, hi = sp.rate_interval(0.8, 10)
+    assert (rep[0]["solve_rate_ci_low"], rep[0]["solve_rate_ci_high"]) == (lo, hi) and rep[0]["n"] == 10
+    with pytest.raises(ValueError, match="per-item outcomes"):
+        sp.report_held_out([row("sequential", nan, 60, 0.8)], "solve_rate")
+    with pytest.raises(ValueError, match="sequential decoding as the reference"):
+        sp.report_held_out(test[1:], "solve_rate")

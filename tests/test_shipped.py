@@ -132,3 +132,31 @@ def test_potts_couplings_pack_to_upper_blocks_in_float16(tmp_path):
     assert torch.allclose(loaded(tok).logits[0, [1, 3]], expect[[1, 3]], atol=1e-5)
     with pytest.raises(ValueError, match=r"packed couplings must have shape \(10, 21, 21\) for 5 columns"):
         unpack_couplings(packed[:3], L)
+
+
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def test_every_shipped_checkpoint_verifies_and_reproduces_its_evaluation(tmp_path, monkeypatch):
+    """Each slot under checkpoints/cpu/: sha256 and config hash hold, and its recorded evaluation is recomputed
+    from the installed files (CE on the test split, head fingerprints, the L2 choice)."""
+    from mimdm.experiments import ship
+
+    recs = shipped.records("cpu")
+    if not recs:
+        pytest.skip("no shipped cpu checkpoints in this checkout")
+    monkeypatch.setenv("MIMDM_ARTIFACTS", str(tmp_path))
+    assert len(shipped.install("cpu")) == len(recs)
+    for rec in recs:
+        assert all(m["bytes"] <= shipped.MAX_FILE_BYTES for m in rec["files"].values())
+        got, want = _flat(ship.reproduce(rec)), _flat(rec["evaluation"]["reproduce"])
+        assert set(got) == set(want), rec["slot"]
+        for k in want:
+            assert got[k] == pytest.approx(want[k], rel=1e-6, abs=1e-9), (rec["slot"], k)

@@ -201,9 +201,9 @@ def sweep(model: MaskedModel, tokens: torch.Tensor, rules, score, temperature: f
           progress: bool = False) -> list[dict]:
     """Decode ``tokens`` with every rule; ``score(out_tokens) -> dict`` of quality numbers.
 
-    Returns rows ``{"rule", "knob", "entropy_cap", "nfe", "head_passes", "probe_passes", "seconds", **quality}``
-    (NFE and extra passes per sequence, seconds per sequence; ``entropy_cap`` in nats for MI-guided
-    rules, None when uncapped or not applicable).
+    Returns rows ``{"rule", "knob", "entropy_cap", "mi_budget", "nfe", "head_passes", "probe_passes", "seconds",
+    **quality}`` (NFE and extra passes per sequence, seconds per sequence; ``entropy_cap`` and ``mi_budget`` in nats
+    for MI-guided rules, None when unlimited or not applicable).
     """
     from tqdm.auto import tqdm
 
@@ -212,7 +212,8 @@ def sweep(model: MaskedModel, tokens: torch.Tensor, rules, score, temperature: f
     decode(model, tokens[:2], rules[0][2], temperature=temperature, seed=seed)  # warm-up, untimed
     for name, knob, rule in tqdm(rules, desc="decode sweep", disable=not progress):
         out = decode(model, tokens, rule, temperature=temperature, seed=seed)
-        rows.append({"rule": name, "knob": knob, "entropy_cap": entropy_cap_of(rule), "nfe": float(out.nfe.float().mean()),
+        rows.append({"rule": name, "knob": knob, "entropy_cap": entropy_cap_of(rule), "mi_budget": mi_budget_of(rule),
+                     "nfe": float(out.nfe.float().mean()),
                      "head_passes": out.extra_passes.get("head_passes", 0) / n,
                      "probe_passes": out.extra_passes.get("probe_passes", 0) / n,
                      "seconds": out.seconds / n, **score(out.tokens)})
@@ -344,3 +345,87 @@ def compare_at_budget(budget_rows: list[dict], a: str = "MI-guided", b: str = "E
     both = [r for r in budget_rows if not (math.isnan(r.get(a, math.nan)) or math.isnan(r.get(b, math.nan)))]
     return {"n_budgets": len(both), "a_at_least_b": sum(r[a] >= r[b] - 1e-9 for r in both),
             "mean_difference": float(np.mean([r[a] - r[b] for r in both])) if both else math.nan}
+
+
+def _setting(row: dict) -> tuple:
+    """Identity of one rule setting in sweep rows: (rule, knob, entropy cap, summed-MI budget); NaN knobs compare equal."""
+    knob = row["knob"]
+    knob = None if knob is None or (isinstance(knob, float) and math.isnan(knob)) else float(knob)
+    return row["rule"], knob, row.get("entropy_cap"), row.get("mi_budget")
+
+
+def select_on_dev(dev_rows: list[dict], metric: str, tolerance: float = 0.01) -> list[dict]:
+    """The setting of each rule chosen on a development set: its cheapest one within ``tolerance`` of sequential.
+
+    The same rule as `matched_quality`, applied to sweep rows of development items only, so that the chosen
+    settings can be reported on other items (`report_held_out`) without the selection bias that choosing and
+    reporting on the same items carries. Rules that never match on the development set are left out.
+
+    Returns:
+        Rows ``{"rule", "knob", "entropy_cap", "mi_budget", "dev_nfe", "dev_<metric>"}``, sequential first.
+    """
+    seq = next(r for r in dev_rows if r["rule"] == "sequential")
+    out = [{"rule": "sequential", "knob": math.nan, "entropy_cap": None, "mi_budget": None, "dev_nfe": seq["nfe"],
+            f"dev_{metric}": seq[metric]}]
+    for m in matched_quality(dev_rows, metric, tolerance):
+        if math.isnan(m["nfe"]):
+            continue
+        row = next(r for r in dev_rows if r["rule"] == m["rule"] and r["nfe"] == m["nfe"] and r[metric] == m[metric])
+        out.append({"rule": row["rule"], "knob": row["knob"], "entropy_cap": row.get("entropy_cap"),
+                    "mi_budget": row.get("mi_budget"), "dev_nfe": row["nfe"], f"dev_{metric}": row[metric]})
+    return out
+
+
+def chosen_rules(selected: list[dict], rules: list[tuple[str, float, object]]) -> list[tuple[str, float, object]]:
+    """The entries of a `rule_grid` that are the `select_on_dev` settings (in the order of ``selected``).
+
+    Raises:
+        ValueError: a selected setting is not in ``rules``.
+    """
+    by = {}
+    for name, knob, rule in rules:
+        by[_setting({"rule": name, "knob": knob, "entropy_cap": entropy_cap_of(rule), "mi_budget": mi_budget_of(rule)})] = \
+            (name, knob, rule)
+    out = []
+    for s in selected:
+        key = _setting(s)
+        if key not in by:
+            raise ValueError(f"setting {key} chosen on the development set is not in the rule grid")
+        out.append(by[key])
+    return out
+
+
+def report_held_out(test_rows: list[dict], metric: str, confidence: float = 0.95) -> list[dict]:
+    """Each chosen setting on held-out items against sequential decoding on the same items.
+
+    Args:
+        test_rows: `sweep` rows of the `chosen_rules` on the test items, with per-item outcomes of ``metric``
+            (`items_key`), sequential among them.
+
+    Returns:
+        Rows ``{"rule", "knob", "entropy_cap", "mi_budget", metric, "<metric>_ci_low", "<metric>_ci_high" (Wilson),
+        "nfe", "nfe_reduction", "wallclock_reduction", "paired_difference", "paired_ci_low", "paired_ci_high",
+        "mcnemar_p"}`` (reductions: sequential over the rule; the paired comparison is the rule minus sequential,
+        now unconditional since the setting was chosen on other items).
+
+    Raises:
+        ValueError: no sequential row, or rows without per-item outcomes.
+    """
+    ik = items_key(metric)
+    seq = next((r for r in test_rows if r["rule"] == "sequential"), None)
+    if seq is None:
+        raise ValueError("the held-out rows need sequential decoding as the reference")
+    if any(ik not in r for r in test_rows):
+        raise ValueError(f"held-out rows need per-item outcomes ({ik}): score with per_item=True")
+    out = []
+    for r in test_rows:
+        n = len(r[ik])
+        lo, hi = rate_interval(r[metric], n, confidence)
+        c = paired_comparison(r[ik], seq[ik], confidence) if r is not seq else \
+            {"difference": 0.0, "ci_low": 0.0, "ci_high": 0.0, "mcnemar_p": 1.0}
+        out.append({"rule": r["rule"], "knob": r["knob"], "entropy_cap": r.get("entropy_cap"),
+                    "mi_budget": r.get("mi_budget"), metric: r[metric], f"{metric}_ci_low": lo, f"{metric}_ci_high": hi,
+                    "n": n, "nfe": r["nfe"], "nfe_reduction": seq["nfe"] / r["nfe"],
+                    "wallclock_reduction": seq["seconds"] / r["seconds"], "paired_difference": c["difference"],
+                    "paired_ci_low": c["ci_low"], "paired_ci_high": c["ci_high"], "mcnemar_p": c["mcnemar_p"]})
+    return out
