@@ -71,6 +71,7 @@ from .models.base import MaskedModel
 
 BOUNDS = ("mean", "min", "max", "none")
 POSITIONS = ("absolute", "relative")
+PAIRS = ("gather", "bilinear")
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,14 @@ class MIHeadConfig:
         bound: ``"mean"`` ((H_i+H_j)/2), ``"min"``, ``"max"`` or ``"none"`` (softplus, no entropies).
         out_bias: initial bias of the output layer (the head starts near ``bound · sigmoid(out_bias)``; lower it
             when the MI labels are small, e.g. proteins, so training does not start far above them).
+        pairs: ``"gather"`` (the pair network on the masked pairs, gathered; see the module docstring) or
+            ``"bilinear"`` (the cheap head: for every pair at once, ``channels`` units
+            g^c_ij = SiLU(a_ic · a_jc / √rank + e_ic · e_jc + b_c) from per-position features a_ic ∈ R^rank and
+            position features e_ic ∈ R^(pos_dim/channels) (``"relative"``: a learned bias per separation and
+            channel), a logit s_ij = Σ_c v_c g^c_ij + Σ_{c < tri_channels} u_c (g^c g^c)_ij / √L (the two-hop
+            term over masked k) + b, then the same bound. Batched matrix products on [B, C, L, L] instead of
+            gathered pair MLPs: several times cheaper).
+        channels: number C of units of ``pairs="bilinear"``.
     """
 
     d_in: int
@@ -102,12 +111,17 @@ class MIHeadConfig:
     tri_rounds: int = 1
     bound: str = "mean"
     out_bias: float = -4.0
+    pairs: str = "gather"
+    channels: int = 8
 
     def to_dict(self) -> dict:
-        """The architecture as a dict (``out_bias`` left out at its default, so earlier heads' cache keys hold)."""
+        """The architecture as a dict (``out_bias``, ``pairs`` and ``channels`` left out at their defaults, so
+        earlier heads' cache keys hold)."""
         d = asdict(self)
         if d["out_bias"] == -4.0:
             del d["out_bias"]
+        if d["pairs"] == "gather":  # channels has no effect there
+            del d["pairs"], d["channels"]
         return d
 
 
@@ -125,6 +139,11 @@ class MIHead(nn.Module):
             raise ValueError(f"bound must be one of {BOUNDS}, got {c.bound!r}")
         if c.positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {c.positions!r}")
+        if c.pairs not in PAIRS:
+            raise ValueError(f"pairs must be one of {PAIRS}, got {c.pairs!r}")
+        if c.pairs == "bilinear":
+            self._init_bilinear(c)
+            return
         self.norm = nn.LayerNorm(c.d_in)
         self.feat = nn.Sequential(nn.Linear(c.d_in, c.d_hidden), nn.GELU(), nn.Linear(c.d_hidden, c.rank))
         n_pair = c.rank
@@ -138,6 +157,56 @@ class MIHead(nn.Module):
             for _ in range(c.tri_rounds if c.tri_channels else 0))
         self.out = nn.Sequential(nn.Linear(q, q), nn.GELU(), nn.Linear(q, 1))
         nn.init.constant_(self.out[-1].bias, c.out_bias)  # start near zero MI, where most pairs are
+
+    def _init_bilinear(self, c: MIHeadConfig) -> None:
+        C = c.channels
+        if C < 1:
+            raise ValueError(f"channels must be >= 1, got {C}")
+        if c.positions == "absolute" and c.pos_dim % C:
+            raise ValueError(f"pos_dim ({c.pos_dim}) must be a multiple of channels ({C}) for pairs='bilinear'")
+        if c.tri_channels > C or c.tri_rounds > 1:
+            raise ValueError(f"pairs='bilinear' takes at most one two-hop round on at most channels={C} channels")
+        self.norm = nn.LayerNorm(c.d_in)
+        self.feat = nn.Sequential(nn.Linear(c.d_in, c.d_hidden), nn.GELU(), nn.Linear(c.d_hidden, C * c.rank))
+        if c.pos_dim:
+            self.pos = nn.Parameter(torch.randn(c.max_len, C, c.pos_dim // C) * 0.5 if c.positions == "absolute"
+                                    else torch.zeros(c.max_len, C))
+        self.bias = nn.Parameter(torch.zeros(C))
+        self.readout = nn.Parameter(torch.randn(C) / math.sqrt(C))
+        self.tri_weight = nn.Parameter(torch.zeros(c.tri_channels if c.tri_rounds else 0))
+        self.out_bias = nn.Parameter(torch.tensor(float(c.out_bias)))
+
+    def _forward_bilinear(self, hidden_BLD: Tensor, pairs_BLL: Tensor, entropy_BL: Tensor | None) -> Tensor:
+        """The ``pairs="bilinear"`` head on every pair at once; ``pairs_BLL``: the masked pairs i != j."""
+        c = self.config
+        B, L, _ = hidden_BLD.shape
+        C = c.channels
+        a = self.feat(self.norm(hidden_BLD.float())).view(B, L, C, c.rank).transpose(1, 2)  # [B, C, L, r]
+        a = a * c.rank ** -0.25  # so that a_i · a_j carries the 1/√rank
+        G = a @ a.transpose(-1, -2)  # [B, C, L, L]
+        if c.pos_dim and c.positions == "absolute":
+            e = self.pos[:L].transpose(0, 1)  # [C, L, p/C]
+            G += e @ e.transpose(-1, -2) + self.bias[:, None, None]
+        elif c.pos_dim:
+            idx = torch.arange(L, device=G.device)
+            G += self.pos[(idx[None, :] - idx[:, None]).abs().clamp_max(c.max_len - 1)].permute(2, 0, 1) \
+                + self.bias[:, None, None]
+        else:
+            G += self.bias[:, None, None]
+        G = F.silu(G, inplace=not torch.is_grad_enabled())  # [B, C, L, L]
+        s = (self.readout @ G.view(B, C, L * L)).view(B, L, L) + self.out_bias  # one pass over G, no copy
+        k = self.tri_weight.numel()
+        if k:
+            Gm = G[:, :k] * pairs_BLL[:, None].to(G.dtype)
+            s = s + (self.tri_weight @ (Gm @ Gm).view(B, k, L * L)).view(B, L, L) / math.sqrt(L)
+        if c.bound == "none":
+            mi = F.softplus(s)
+        else:
+            e = entropy_BL.to(s.device).float().clamp_min(0)
+            ei, ej = e[:, :, None], e[:, None, :]
+            mi = {"min": torch.minimum(ei, ej), "mean": (ei + ej) / 2, "max": torch.maximum(ei, ej)}[c.bound] * torch.sigmoid(s)
+        mi = mi * pairs_BLL
+        return (mi + mi.transpose(1, 2)) / 2
 
     def n_parameters(self) -> int:
         """Number of trainable parameters."""
@@ -183,6 +252,13 @@ class MIHead(nn.Module):
             raise ValueError(f"candidates must have shape {(B, L)}, got {tuple(candidates_BL.shape)}")
         dev = hidden_BLD.device
         masked_BL = masked_BL.to(dev)
+        if c.pairs == "bilinear":
+            pm = masked_BL[:, :, None] & masked_BL[:, None, :] & ~torch.eye(L, dtype=torch.bool, device=dev)
+            if candidates_BL is not None:
+                cand = candidates_BL.to(dev, torch.bool) & masked_BL
+                cand = cand & (cand.sum(1, keepdim=True) >= 2)
+                return self._forward_bilinear(hidden_BLD, pm, entropy_BL) * (cand[:, :, None] & cand[:, None, :])
+            return self._forward_bilinear(hidden_BLD, pm, entropy_BL)
         pairs = masked_BL[:, :, None] & masked_BL[:, None, :] & torch.ones(L, L, dtype=torch.bool, device=dev).triu(1)
         keep = None  # [B, L, L]: the pairs whose value is returned (None: all masked pairs)
         if candidates_BL is not None:

@@ -4,6 +4,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from torch.nn import functional as F
 
 from mimdm.heads import (HeadTrainConfig, MIHead, MIHeadConfig, head_inputs, load_head, mi_loss, predict_mi,
                          save_head, train_head)
@@ -315,3 +316,78 @@ def test_new_head_settings_keep_earlier_cache_keys():
     assert MIHeadConfig(**hc.to_dict()) == hc
     head = MIHead(hc)
     assert head.out[-1].bias.item() == -7.0
+
+
+def _bilinear_reference(head, h, masked, ent):
+    """The bilinear head by hand, pair by pair: SiLU units, readout, two-hop over masked k, mean bound."""
+    c = head.config
+    B, L, _ = h.shape
+    a = head.feat(head.norm(h)).view(B, L, c.channels, c.rank)
+    e = head.pos[:L]
+    out = torch.zeros(B, L, L)
+    k = head.tri_weight.numel()
+    for b in range(B):
+        g = torch.zeros(c.channels, L, L)
+        for i in range(L):
+            for j in range(L):
+                g[:, i, j] = F.silu((a[b, i] * a[b, j]).sum(-1) / math.sqrt(c.rank) + (e[i] * e[j]).sum(-1) + head.bias)
+        m = masked[b]
+        for i in range(L):
+            for j in range(L):
+                if i == j or not (m[i] and m[j]):
+                    continue
+                s = (head.readout * g[:, i, j]).sum() + head.out_bias
+                two_hop = sum(g[:k, i, q] * g[:k, q, j] for q in range(L) if m[q] and q not in (i, j)) \
+                    if k else torch.zeros(0)
+                if k:  # k = i or k = j is not a masked *pair* of the two-hop sum
+                    s = s + (head.tri_weight * two_hop).sum() / math.sqrt(L)
+                out[b, i, j] = (ent[b, i] + ent[b, j]) / 2 * torch.sigmoid(s)
+    return out
+
+
+def test_bilinear_head_equals_its_definition_and_is_cheap_to_configure():
+    torch.manual_seed(3)
+    cfg = MIHeadConfig(16, d_hidden=8, rank=4, channels=6, pos_dim=12, max_len=9, tri_channels=2, pairs="bilinear")
+    head = MIHead(cfg)
+    with torch.no_grad():
+        head.tri_weight.copy_(torch.tensor([0.7, -0.4]))  # starts at zero: make the two-hop term count
+    h = torch.randn(2, 9, 16)
+    masked = torch.rand(2, 9) < 0.7
+    ent = torch.rand(2, 9) * masked
+    with torch.no_grad():
+        got = head(h, masked, ent)
+        assert torch.allclose(got, _bilinear_reference(head, h, masked, ent), atol=1e-5)
+        assert torch.equal(got, got.mT) and not got.diagonal(dim1=1, dim2=2).any()
+        cand = torch.rand(2, 9) < 0.5
+        keep = (cand & masked)[:, :, None] & (cand & masked)[:, None, :]
+        keep &= (cand & masked).sum(1)[:, None, None] >= 2
+        assert torch.equal(head(h, masked, ent, candidates_BL=cand), got * keep)
+    head.zero_grad()
+    head(h, masked, ent).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in head.parameters())
+    assert MIHeadConfig(**cfg.to_dict()) == cfg and cfg.to_dict()["pairs"] == "bilinear"
+    assert "pairs" not in MIHeadConfig(8).to_dict() and "channels" not in MIHeadConfig(8).to_dict()
+    rel = MIHead(MIHeadConfig(16, d_hidden=8, rank=4, channels=3, positions="relative", max_len=5, tri_channels=2,
+                             pairs="bilinear"))
+    out = rel(torch.randn(1, 30, 16), torch.ones(1, 30, dtype=torch.bool), torch.ones(1, 30))
+    assert out.shape == (1, 30, 30) and torch.allclose(out, out.mT)
+    with pytest.raises(ValueError, match=r"pos_dim \(10\) must be a multiple of channels \(4\)"):
+        MIHead(MIHeadConfig(16, channels=4, pos_dim=10, pairs="bilinear"))
+    with pytest.raises(ValueError, match="at most one two-hop round on at most channels=4"):
+        MIHead(MIHeadConfig(16, channels=4, pos_dim=8, tri_channels=5, pairs="bilinear"))
+    with pytest.raises(ValueError, match="pairs must be one of"):
+        MIHead(MIHeadConfig(16, pairs="sparse"))
+
+
+def test_bilinear_head_learns_position_blocks_and_reloads(tmp_path):
+    data = _position_labels()
+    masked = data["tokens"] == 9
+    pair = masked[:, :, None] & masked[:, None, :] & ~torch.eye(12, dtype=torch.bool)
+    cfg = MIHeadConfig(16, d_hidden=16, rank=4, channels=4, pos_dim=8, max_len=12, tri_channels=0, pairs="bilinear")
+    torch.manual_seed(0)
+    head, _ = train_head(data, data, cfg, HeadTrainConfig(epochs=60, batch_size=16, lr=2e-2), mask_id=9, progress=False)
+    pred = head(data["hidden_-1"], masked, data["entropy"]).detach()
+    assert np.corrcoef(pred[pair].numpy(), data["mi"][pair].numpy())[0, 1] > 0.99
+    save_head(head, tmp_path / "h.pt", HeadTrainConfig(), [])
+    again, _ = load_head(tmp_path / "h.pt")
+    assert torch.equal(again(data["hidden_-1"], masked, data["entropy"]), pred)
