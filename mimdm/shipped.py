@@ -170,6 +170,23 @@ def install(profile: str, root: Path | None = None, cache: Path | None = None) -
     return out
 
 
+def readme(profile: str, root: Path | None = None) -> str:
+    """Markdown describing the slots of ``profile`` (what `scripts/ship_checkpoints.py` writes to ``README.md``)."""
+    lines = [f"# Shipped checkpoints of profile `{profile}`", "",
+             "Written by `scripts/ship_checkpoints.py` (see `mimdm.shipped` for the format and the checks `make book` "
+             f"runs; `{RETRAIN_COMMAND}` ignores them and trains from scratch). Each slot's `record.json` holds the "
+             "configuration, the sha256 of every file, the evaluation a test reproduces and the commit that trained it.",
+             "", "| slot | cache artifact | files | trained | commit | reproduced evaluation |", "|---|---|---|---|---|---|"]
+    for r in records(profile, root):
+        files = ", ".join(f"`{f}` {m['bytes'] / 1e6:.1f} MB (sha256 {m['sha256'][:12]})" for f, m in r["files"].items())
+        ev = json.dumps(r["evaluation"].get("reproduce", {}), sort_keys=True)
+        ev = ev if len(ev) <= 160 else ev[:157] + "..."
+        mins = "" if r.get("train_minutes") is None else f"{r['train_minutes']:.1f} min"
+        lines.append(f"| {r['slot']} | `{r['artifact']}` | {files} | {mins} | {(r.get('trained_by_commit') or '')[:7]} "
+                     f"| `{ev}` |")
+    return "\n".join(lines) + "\n"
+
+
 def shipped_only() -> str | None:
     """The profile whose shipped checkpoints must be used (``$MIMDM_SHIPPED_ONLY``), or None."""
     return os.environ.get(ENV) or None
@@ -216,4 +233,4 @@ def refuse_training(artifact: Path, what: str, root: Path | None = None) -> None
 
 
 __all__ = ["ENV", "MAX_FILE_BYTES", "RETRAIN_COMMAND", "SHIPPED_ROOT", "ShippedCheckpointError", "install",
-           "profile_dir", "records", "refuse_training", "sha256_file", "ship", "shipped_only", "verify"]
+           "profile_dir", "readme", "records", "refuse_training", "sha256_file", "ship", "shipped_only", "verify"]

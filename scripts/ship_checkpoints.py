@@ -37,6 +37,9 @@ def main(argv=None) -> int:
         dirs = ship.ship_protein(profile, args.device, progress=not args.no_progress)
         for d in dirs:
             print(f"[ship] {d}", flush=True)
+    from mimdm import shipped
+
+    (shipped.profile_dir(profile.name) / "README.md").write_text(shipped.readme(profile.name))
     print(f"[ship] done in {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
     return 0
 

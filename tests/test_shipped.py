@@ -160,3 +160,11 @@ def test_every_shipped_checkpoint_verifies_and_reproduces_its_evaluation(tmp_pat
         assert set(got) == set(want), rec["slot"]
         for k in want:
             assert got[k] == pytest.approx(want[k], rel=1e-6, abs=1e-9), (rec["slot"], k)
+
+
+def test_readme_lists_every_slot(roots):
+    _, cache = roots
+    shipped.ship(_artifact(cache), "cpu", "toy", ["model.pt"], {"reproduce": {"ce": 1.25}}, 2.0, "0123456789")
+    text = shipped.readme("cpu")
+    assert "| toy | `toy_model/m-" in text and "`model.pt` 0.0 MB (sha256 " in text and '{"ce": 1.25}' in text
+    assert "2.0 min | 0123456 |" in text
