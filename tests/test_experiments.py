@@ -1,4 +1,6 @@
 """The chapter measurements on tiny models and hand-made inputs."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -74,6 +76,14 @@ def test_speedup_scoring_and_tables():
     wrong = sol.clone()
     wrong[0, :2] = wrong[0, [1, 0]] if wrong[0, 0] != wrong[0, 1] else wrong[0, :2]
     assert sp.score_solving(wrong, ps)["solve_rate"] == pytest.approx(2 / 3)
+    dev, test = sp.hard_puzzle_split(3, 5, (30, 31), 7)
+    assert (len(dev), len(test)) == (3, 5)
+    grids = {p.puzzle.tobytes() for p in dev + test}
+    assert len(grids) == 8  # disjoint, no repeats
+    pool = sorted(sp.hard_puzzles(8, (30, 31), np.random.default_rng(7)), key=lambda p: p.puzzle.tobytes())
+    assert grids == {p.puzzle.tobytes() for p in pool}  # the 8 hardest of the same candidates, split
+    with pytest.raises(ValueError, match="n_dev and n_test must be >= 1"):
+        sp.hard_puzzle_split(0, 5, (30, 31), 7)
     ctx = sp.generation_contexts(4, 3, rng)
     assert ((ctx > 0).sum(1) <= 3).all()
     g = sp.score_generation(grids_to_tokens(sd.random_solutions(4, rng)), np.zeros((4, 81), np.int8))
@@ -248,6 +258,25 @@ def test_settings_chosen_on_dev_are_reported_on_held_out_items():
     assert rep[2]["paired_difference"] == pytest.approx(-0.1) and rep[2]["mcnemar_p"] == 1.0  # 1 discordant item
     lo, hi = sp.rate_interval(0.8, 10)
     assert (rep[0]["solve_rate_ci_low"], rep[0]["solve_rate_ci_high"]) == (lo, hi) and rep[0]["n"] == 10
+    gen = [{"rule": "MI-guided", "nfe_reduction": 2.5, "wallclock_reduction": 2.0}]
+    hl = sp.speedup_headline(rep, gen)
+    assert tuple(hl) == sp.HEADLINE_KEYS
+    assert (hl["n_hard"], hl["sequential_hard_solve_rate"], hl["mi_guided_nfe_reduction_hard"]) == (10, 0.8, 4.0)
+    assert hl["mi_guided_wallclock_reduction_hard"] == pytest.approx(2.0) and math.isnan(hl["entropy_cap_nfe_reduction_hard"])
+    assert (hl["mi_guided_nfe_reduction_generation"], hl["mi_guided_wallclock_reduction_generation"]) == (2.5, 2.0)
+    with pytest.raises(ValueError, match="sequential decoding as the reference"):
+        sp.speedup_headline(rep[1:], gen)
+    text = sp.held_out_verdict(rep)
+    assert "On 10 held-out hard puzzles" in text and "needs 4.00× fewer passes" in text and "within the paper's 3-5×" in text
+    assert "70.0% against sequential's 80.0% (-10.0 points" in text and "not detectably lower" in text  # 1 discordant
+    assert "wall-clock 2.00×, less than 0.8 of the NFE reduction" in text
+    assert "entropy cap had no matched setting" in text
+    assert "trades passes for solve rate against top-k (15.0 vs 30.0 passes, 70.0% vs 80.0% solved)" in text
+    beaten = [{**r, "solve_rate": 0.8} if r["rule"] == "MI-guided" else r for r in rep]
+    assert "beats top-k (15.0 vs 30.0 passes" in sp.held_out_verdict(beaten)
+    assert "no setting was carried" in sp.held_out_verdict(rep[:2])
+    worse = [{**r, "paired_ci_high": -0.02} if r["rule"] == "MI-guided" else r for r in rep]
+    assert "to -2.0: lower)" in sp.held_out_verdict(worse)
     with pytest.raises(ValueError, match="per-item outcomes"):
         sp.report_held_out([row("sequential", nan, 60, 0.8)], "solve_rate")
     with pytest.raises(ValueError, match="sequential decoding as the reference"):

@@ -26,6 +26,36 @@ def hard_puzzles(n: int, clues: tuple[int, int], rng, oversample: int = 2) -> li
     return cands[:n]
 
 
+def hard_puzzle_split(n_dev: int, n_test: int, clues: tuple[int, int], rng,
+                      oversample: int = 2) -> tuple[list[sd.Puzzle], list[sd.Puzzle]]:
+    """A development set and a held-out test set of hard puzzles, disjoint and equally hard.
+
+    The ``n_dev + n_test`` most difficult of ``oversample·(n_dev + n_test)`` candidates (`hard_puzzles`), without
+    repeated grids, are split at random: knobs are chosen on the development set (`select_on_dev`) and reported on
+    the test set (`report_held_out`), so selection and reporting never see the same puzzle.
+
+    Returns:
+        ``(dev, test)`` lists of `mimdm.data.sudoku.Puzzle` of lengths ``n_dev`` and ``n_test``.
+
+    Raises:
+        ValueError: ``n_dev`` or ``n_test`` < 1, or fewer distinct candidates than ``n_dev + n_test``.
+    """
+    if n_dev < 1 or n_test < 1:
+        raise ValueError(f"n_dev and n_test must be >= 1, got {n_dev} and {n_test}")
+    rng = np.random.default_rng(rng)
+    n = n_dev + n_test
+    cands, seen = [], set()
+    for p in hard_puzzles(n, clues, rng, oversample=oversample):
+        key = p.puzzle.tobytes()
+        if key not in seen:
+            seen.add(key)
+            cands.append(p)
+    if len(cands) < n:
+        raise ValueError(f"only {len(cands)} distinct puzzles for {n_dev} + {n_test}; raise oversample")
+    order = rng.permutation(n)
+    return [cands[i] for i in order[:n_dev]], [cands[i] for i in order[n_dev:]]
+
+
 def generation_contexts(n: int, max_clues: int, rng) -> np.ndarray:
     """``[n, 81]`` under-constrained grids: random subsets of 0..``max_clues`` cells of random solutions."""
     rng = np.random.default_rng(rng)
@@ -429,3 +459,89 @@ def report_held_out(test_rows: list[dict], metric: str, confidence: float = 0.95
                     "wallclock_reduction": seq["seconds"] / r["seconds"], "paired_difference": c["difference"],
                     "paired_ci_low": c["ci_low"], "paired_ci_high": c["ci_high"], "mcnemar_p": c["mcnemar_p"]})
     return out
+
+
+#: `speedup_headline` keys: ``values.headline`` of ``book/results/speedup.json``.
+HEADLINE_KEYS = ("n_hard", "sequential_hard_solve_rate", "mi_guided_nfe_reduction_hard",
+                 "entropy_cap_nfe_reduction_hard", "mi_guided_wallclock_reduction_hard",
+                 "mi_guided_nfe_reduction_generation", "mi_guided_wallclock_reduction_generation")
+
+
+def speedup_headline(held_out: list[dict], matched_generation: list[dict]) -> dict:
+    """Chapter 5's headline numbers (`HEADLINE_KEYS`).
+
+    Hard puzzles: from `report_held_out` rows (the settings chosen on the development set, decoded on the held-out
+    test puzzles); generation: from `matched_quality` rows at matched validity. Reductions are sequential over the
+    rule (NFE, wall-clock with the head's passes); NaN where the rule had no setting chosen or never matched.
+
+    Raises:
+        ValueError: ``held_out`` has no sequential row.
+    """
+    seq = next((r for r in held_out if r["rule"] == "sequential"), None)
+    if seq is None:
+        raise ValueError("held-out rows need sequential decoding as the reference")
+    held = {r["rule"]: r for r in held_out}
+    gen = {r["rule"]: r for r in matched_generation}
+    nan = {"nfe_reduction": math.nan, "wallclock_reduction": math.nan}
+    mg, cap, mg_gen = held.get("MI-guided", nan), held.get("entropy cap", nan), gen.get("MI-guided", nan)
+    return {"n_hard": seq["n"], "sequential_hard_solve_rate": seq["solve_rate"],
+            "mi_guided_nfe_reduction_hard": mg["nfe_reduction"],
+            "entropy_cap_nfe_reduction_hard": cap["nfe_reduction"],
+            "mi_guided_wallclock_reduction_hard": mg["wallclock_reduction"],
+            "mi_guided_nfe_reduction_generation": mg_gen["nfe_reduction"],
+            "mi_guided_wallclock_reduction_generation": mg_gen["wallclock_reduction"]}
+
+
+def puzzle_set_summary(puzzles: list[sd.Puzzle]) -> dict:
+    """``{"n", "clues" (min, max), "mean_difficulty" (solver backtracks), "mean_masked" (blank cells)}``."""
+    clues = [p.n_clues for p in puzzles]
+    return {"n": len(puzzles), "clues": [min(clues), max(clues)],
+            "mean_difficulty": float(np.mean([p.difficulty for p in puzzles])), "mean_masked": 81 - float(np.mean(clues))}
+
+
+def held_out_verdict(held_out: list[dict], claim: tuple[float, float] = (3.0, 5.0), tolerance: float = 0.01) -> str:
+    """Chapter 5's answer on held-out hard puzzles, as one Markdown paragraph.
+
+    Reads `report_held_out` rows (settings chosen on the development set) and states: MI-guided decoding's NFE
+    reduction against the paper's ``claim`` range; whether its solve rate held (the 95% paired interval of its
+    difference from sequential decoding reaches 0 or above) or fell; whether its wall-clock reduction is at least
+    0.8× its NFE reduction (the head's cost); and, against each other rule's chosen setting, whether it *beats* it
+    (fewer passes at a solve rate no more than ``tolerance`` below), *is beaten* (the reverse) or trades passes for
+    solve rate.
+    """
+    held = {r["rule"]: r for r in held_out}
+    mg = held.get("MI-guided")
+    if mg is None:
+        return ("MI-guided decoding had no setting within the tolerance of sequential decoding on the development "
+                "set, so no setting was carried to the held-out puzzles.")
+    lo, hi = claim
+    red = mg["nfe_reduction"]
+    vs_claim = (f"within the paper's {lo:g}-{hi:g}×" if lo <= red <= hi else f"above the paper's {lo:g}-{hi:g}×"
+                if red > hi else f"short of the paper's {lo:g}-{hi:g}×")
+    held_q = mg["paired_ci_high"] >= 0
+    quality = (f"its solve rate {100 * mg['solve_rate']:.1f}% against sequential's "
+               f"{100 * held['sequential']['solve_rate']:.1f}% ({100 * mg['paired_difference']:+.1f} points, paired 95% "
+               f"interval {100 * mg['paired_ci_low']:+.1f} to {100 * mg['paired_ci_high']:+.1f}: "
+               + ("not detectably lower" if held_q else "lower") + ")")
+    wc = mg["wallclock_reduction"]
+    wall = (f"wall-clock {wc:.2f}×, " + ("at least" if wc >= 0.8 * red else "less than")
+            + " 0.8 of the NFE reduction")
+    parts = []
+    for name in ("entropy cap", "EB-sampler", "threshold", "top-k"):
+        x = held.get(name)
+        if x is None:
+            parts.append(f"{name} had no matched setting on the development set")
+            continue
+        if mg["nfe"] < x["nfe"] and mg["solve_rate"] >= x["solve_rate"] - tolerance:
+            word = "beats"
+        elif x["nfe"] < mg["nfe"] and x["solve_rate"] >= mg["solve_rate"] - tolerance:
+            word = "is beaten by"
+        elif mg["nfe"] == x["nfe"] and abs(mg["solve_rate"] - x["solve_rate"]) <= tolerance:
+            word = "ties with"
+        else:
+            word = "trades passes for solve rate against"
+        parts.append(f"{word} {name} ({mg['nfe']:.1f} vs {x['nfe']:.1f} passes, "
+                     f"{100 * mg['solve_rate']:.1f}% vs {100 * x['solve_rate']:.1f}% solved)")
+    return (f"On {mg['n']:,} held-out hard puzzles, MI-guided decoding at the setting chosen on the development set "
+            f"needs {red:.2f}× fewer passes than sequential decoding, {vs_claim}, with {quality}; {wall}. "
+            f"Against the other rules' chosen settings it " + "; ".join(parts) + ".")
