@@ -434,6 +434,8 @@ def test_family_table_reads_every_committed_record():
     recs = xp.family_records(REPO_ROOT / "book" / "results", "cpu")
     with pytest.raises(FileNotFoundError, match="no chapter-4 record of the aligned Potts MDM under profile 'paper'"):
         xp.family_records(REPO_ROOT / "book" / "results", "paper")
+    family_files = {p.stem for p in (REPO_ROOT / "book" / "results").glob("protein*.json")} - {"protein_families"}
+    assert [r["chapter"] for r in recs] == ["protein", *sorted(family_files - {"protein"})]  # none left out
     rows = xp.family_table(recs)
     assert len(rows) == len(recs)
     for row, rec in zip(rows, recs):
@@ -469,3 +471,16 @@ def test_raw_sequence_path_of_the_chapter(tmp_path, monkeypatch):
     dec = xp.decoding_study(prep, P, seed=0)
     assert {r["rule"] for r in dec["matched_generation"]} >= {"MI-guided", "EB-sampler", "entropy cap"}
     assert dec["oracle_generation"] == [] and len(dec["novelty"]["sequential"]) == P.protein_generate
+
+
+def test_family_verdicts_wording():
+    """Ties, wins and losses against the baselines are named as such; a never-matched MI-guided rule is said."""
+    row = {"alignment": "a.fasta", "structure": "1ABC.pdb A", "sequences": 1000, "columns": 100,
+           "probed MI (best context)": 0.30, "alignment MI": 0.30, "plmDCA": 0.25, "base rate": 0.02,
+           "best MI context": "100% masked", "MI head": 0.28, "head Pearson": 0.9,
+           "MI-guided NFE reduction": 3.0, "EB NFE reduction": 2.5}
+    text = xp.family_verdicts([row])
+    assert "equal to alignment MI's 0.30 and above plmDCA's 0.25" in text
+    assert "needs 3.00× fewer passes than sequential at matched HMM score and NLL (more than EB's 2.50×)" in text
+    text = xp.family_verdicts([{**row, "alignment MI": 0.31, "plmDCA": 0.4, "MI-guided NFE reduction": float("nan")}])
+    assert "below alignment MI's 0.31 and below plmDCA's 0.40" in text and "MI-guided never matched" in text

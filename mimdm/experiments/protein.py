@@ -1107,7 +1107,7 @@ def family_table(records: list[dict]) -> list[dict]:
     """
     rows = []
     for rec in records:
-        if rec.get("chapter") != "protein":
+        if not str(rec.get("chapter", "")).startswith("protein") or rec.get("chapter") == "protein_families":
             raise ValueError(f"not a chapter-4 results record (chapter={rec.get('chapter')!r})")
         v = rec["values"]
         if "aligned_columns" not in v.get("family", {}):
@@ -1140,9 +1140,10 @@ def family_records(results_dir: str | Path, profile: str) -> list[dict]:
     import json
 
     paths = sorted(Path(results_dir).glob("protein*.json"), key=lambda p: (p.stem != "protein", p.name))
-    recs = [json.loads(p.read_text()) for p in paths]
-    recs = [r for r in recs if r.get("chapter") == "protein" and r.get("profile") == profile
-            and "aligned_columns" in r["values"].get("family", {})]
+    recs = [(p, json.loads(p.read_text())) for p in paths]
+    # chapter 4 names each record after its family (`results_name`): the default one "protein"
+    recs = [r for p, r in recs if r.get("chapter") == p.stem and r.get("profile") == profile
+            and "aligned_columns" in r.get("values", {}).get("family", {})]
     if not recs:
         raise FileNotFoundError(f"no chapter-4 record of the aligned Potts MDM under profile {profile!r} in {results_dir}: "
                                 "run chapter 4 first")
@@ -1152,6 +1153,9 @@ def family_records(results_dir: str | Path, profile: str) -> list[dict]:
 def family_verdicts(rows: list[dict]) -> str:
     """Markdown, one bullet per `family_table` row: the best probed-MI map against alignment MI and plmDCA at long
     range, the MI head's map, and MI-guided against EB at matched quality in generation."""
+    def vs(a: float, b: float) -> str:  # P@L are fractions of L predicted pairs: equal values are exact ties
+        return "above" if a > b else "equal to" if a == b else "below"
+
     out = []
     for r in rows:
         mi, aln, plm = r["probed MI (best context)"], r["alignment MI"], r["plmDCA"]
@@ -1162,8 +1166,8 @@ def family_verdicts(rows: list[dict]) -> str:
                else f"MI-guided {mg:.2f}× (EB never matched)")
         out.append(
             f"- **{r['alignment']}** ({r['structure']}, {r['sequences']:,} sequences, {r['columns']} columns): probed MI "
-            f"({r['best MI context']}) reaches long-range P@L {mi:.2f}, {'above' if mi > aln else 'not above'} alignment "
-            f"MI's {aln:.2f} and {'above' if mi > plm else 'below'} plmDCA's {plm:.2f} (random: {r['base rate']:.2f}); "
+            f"({r['best MI context']}) reaches long-range P@L {mi:.2f}, {vs(mi, aln)} alignment "
+            f"MI's {aln:.2f} and {vs(mi, plm)} plmDCA's {plm:.2f} (random: {r['base rate']:.2f}); "
             f"the MI head's map {r['MI head']:.2f} (test Pearson {r['head Pearson']:.2f}); {dec}.")
     return "\n".join(out)
 
