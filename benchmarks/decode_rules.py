@@ -15,7 +15,7 @@ import torch
 from mimdm.device import resolve_device
 from mimdm.experiments import mi_head as mh
 from mimdm.experiments import speedup as sp
-from mimdm.models.zoo import grids_to_tokens, load_or_train_sudoku_mdm
+from mimdm.models.zoo import grids_to_tokens, profile_sudoku_mdm
 from mimdm.profiles import get_profile
 
 
@@ -28,7 +28,7 @@ def main() -> None:
     args = ap.parse_args()
     P = get_profile(args.profile)
     dev = resolve_device(args.device)
-    model, rec = load_or_train_sudoku_mdm(P.sudoku_model, P.sudoku_train, device=dev, n_eval=P.solve_eval_puzzles)
+    model, rec = profile_sudoku_mdm(P, device=dev)
     head = mh.prepare(P, model, rec["path"], ablations=False)["head"]
     puzzles = sp.hard_puzzles(args.n, P.hard_clues, np.random.default_rng(args.seed))
     x = grids_to_tokens(np.stack([p.puzzle for p in puzzles]), dev)

@@ -46,7 +46,7 @@ def _seconds(fn, dev, repeats: int) -> float:
 def sudoku_setup(P, dev, random_init: bool):
     from mimdm.experiments import mi_head as mh
     from mimdm.models.sudoku import SudokuMDM
-    from mimdm.models.zoo import grids_to_tokens, load_or_train_sudoku_mdm
+    from mimdm.models.zoo import grids_to_tokens, profile_sudoku_mdm
 
     if random_init:
         torch.manual_seed(0)
@@ -54,7 +54,7 @@ def sudoku_setup(P, dev, random_init: bool):
         head = MIHead(mh.head_config_for(P, model)).to(dev).eval()
         what = "random init"
     else:
-        model, rec = load_or_train_sudoku_mdm(P.sudoku_model, P.sudoku_train, device=dev, n_eval=P.solve_eval_puzzles)
+        model, rec = profile_sudoku_mdm(P, device=dev)
         head = mh.prepare(P, model, rec["path"], ablations=False)["head"]
         what = f"trained ({rec['path']})"
 

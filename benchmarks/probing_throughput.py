@@ -13,7 +13,7 @@ from mimdm.data import sudoku as sd
 from mimdm.device import resolve_device
 from mimdm.experiments import ground_truth as gt
 from mimdm.experiments import mi_head as mh
-from mimdm.models.zoo import grids_to_tokens, load_or_train_sudoku_mdm
+from mimdm.models.zoo import grids_to_tokens, profile_sudoku_mdm
 from mimdm.probing import probe_mi
 from mimdm.profiles import get_profile
 
@@ -26,7 +26,7 @@ def main() -> None:
     args = ap.parse_args()
     P = get_profile(args.profile)
     dev = resolve_device(args.device)
-    model, rec = load_or_train_sudoku_mdm(P.sudoku_model, P.sudoku_train, device=dev, n_eval=P.solve_eval_puzzles)
+    model, rec = profile_sudoku_mdm(P, device=dev)
     rng = np.random.default_rng(0)
     grids = np.stack([sd.random_partial(s, 31, rng) for s in sd.random_solutions(args.contexts, rng)])  # 50 masked
     x = grids_to_tokens(grids, dev)

@@ -28,11 +28,10 @@ CHAPTERS = ["book/01_ground_truth_mi.ipynb", "book/02_estimator_accuracy.ipynb",
 def prepare_artifacts(profile: str, device: str = "cpu", progress: bool = True) -> None:
     """Train (or find in the cache) every model the chapters need, with progress bars in the terminal."""
     from .experiments import mi_head
-    from .models.zoo import load_or_train_sudoku_mdm
+    from .models.zoo import profile_sudoku_mdm
 
     p = get_profile(profile)
-    model, rec = load_or_train_sudoku_mdm(p.sudoku_model, p.sudoku_train, device=device,
-                                          n_eval=p.solve_eval_puzzles, progress=progress)
+    model, rec = profile_sudoku_mdm(p, device=device, progress=progress)
     print(f"[mimdm] Sudoku MDM ({rec['n_parameters']:,} parameters): solve rate "
           f"{rec['eval']['solve_rate']:.3f} on {rec['eval']['n_puzzles']} puzzles -> {rec['path']}", flush=True)
     prep = mi_head.prepare(p, model, rec["path"], progress=progress)

@@ -75,13 +75,12 @@ def _profile(name: str):
 def _load_sudoku(p, dev):
     """The profile's trained Sudoku MDM; `CLIError` (code 1) telling to run ``mimdm train`` when missing."""
     from .artifacts import artifacts_root
-    from .models.zoo import load_or_train_sudoku_mdm, sudoku_mdm_dir
+    from .models.zoo import profile_sudoku_mdm, sudoku_mdm_dir
 
     try:
-        return load_or_train_sudoku_mdm(p.sudoku_model, p.sudoku_train, device=dev, n_eval=p.solve_eval_puzzles,
-                                        progress=False, train=False)
+        return profile_sudoku_mdm(p, device=dev, progress=False, train=False)
     except FileNotFoundError:
-        d = sudoku_mdm_dir(p.sudoku_model, p.sudoku_train)
+        d = sudoku_mdm_dir(p.sudoku_model, p.sudoku_train, curriculum=p.sudoku_curriculum)
         partial = " (a training run was interrupted; `mimdm train` resumes it)" if (d / "train_state.pt").exists() else ""
         raise CLIError(f"no trained Sudoku MDM for profile {p.name!r} under {artifacts_root()} (looked for "
                        f"{d / 'model.pt'}){partial}; run `mimdm train --profile {p.name} --what sudoku` first "
@@ -187,10 +186,9 @@ def _head_summary(head, rec, path: Path, cached: bool) -> str:
 # ------------------------------------------------------------------------------------------ train
 def _train_sudoku(p, dev, heads: bool, ablations: bool, progress: bool) -> None:
     from .experiments import mi_head
-    from .models.zoo import load_or_train_sudoku_mdm
+    from .models.zoo import profile_sudoku_mdm
 
-    model, rec = load_or_train_sudoku_mdm(p.sudoku_model, p.sudoku_train, device=dev, n_eval=p.solve_eval_puzzles,
-                                          progress=progress)
+    model, rec = profile_sudoku_mdm(p, device=dev, progress=progress)
     ev = rec["eval"]
     _log(f"Sudoku MDM ({rec['n_parameters']:,} parameters): solve rate {ev['solve_rate']:.3f} on {ev['n_puzzles']} "
          f"{ev['clues'][0]}-{ev['clues'][1]}-clue puzzles (sequential decoding, {ev['nfe_mean']:.1f} NFE per puzzle) "

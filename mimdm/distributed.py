@@ -492,16 +492,15 @@ def train_head_ddp(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrai
 
 def _model_of_profile(profile, info: DistInfo, device: str | None):
     """The profile's Sudoku MDM on every rank: rank 0 loads or trains it first, the others then load it."""
-    from .models.zoo import load_or_train_sudoku_mdm
+    from .models.zoo import profile_sudoku_mdm
 
     if device is None:
         device = f"cuda:{info.local_rank}" if torch.cuda.is_available() else "cpu"
-    kw = dict(device=device, n_eval=profile.solve_eval_puzzles, progress=info.is_main)
     if info.is_main:
-        out = load_or_train_sudoku_mdm(profile.sudoku_model, profile.sudoku_train, **kw)
+        out = profile_sudoku_mdm(profile, device=device, progress=True)
     _barrier(info)
     if not info.is_main:
-        out = load_or_train_sudoku_mdm(profile.sudoku_model, profile.sudoku_train, train=False, **kw)
+        out = profile_sudoku_mdm(profile, device=device, progress=False, train=False)
     return out
 
 

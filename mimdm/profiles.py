@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from .heads import HeadTrainConfig
 from .labels import LabelConfig
 from .experiments.protein import AlignedLabelConfig, ProteinLabelConfig
+from .models.curriculum import CurriculumConfig
 from .models.potts import PottsMDMConfig
 from .models.protein_zoo import ProteinMDMConfig
 from .models.sudoku import SudokuMDMConfig
@@ -25,6 +26,7 @@ class Profile:
         name: ``smoke`` | ``cpu`` | ``paper``.
         sudoku_model: architecture of the Sudoku MDM.
         sudoku_train: its training settings.
+        sudoku_curriculum: its puzzle-mask curriculum (`mimdm.models.curriculum`), None for random masks only.
         solve_eval_puzzles: number of 30-35-clue unique puzzles used to measure the solve rate.
         probe_contexts: contexts per masking level in the ground-truth MI chapter.
         probe_batch_tokens: token budget of one probing forward (batch size x length): the
@@ -40,7 +42,8 @@ class Profile:
         ablation_layers: hidden layers compared in the layer ablation (each must be in ``labels.layers``).
         ablation_epochs: epochs of each ablation head.
         agreement_contexts: under-determined grids compared with the true data MI in chapter 3.
-        hard_puzzles: size of the hard-puzzle evaluation set (chapter 5).
+        hard_puzzles: size of the held-out hard-puzzle test set (chapter 5), on which the settings chosen on
+            ``dev_puzzles`` other hard puzzles are reported (`mimdm.experiments.speedup.hard_puzzle_split`).
         hard_clues: clue range of the hard puzzles.
         generation_contexts: size of the generation set; ``generation_max_clues`` its most clues.
         oracle_puzzles: hard puzzles also decoded with the probing oracle (expensive).
@@ -68,6 +71,7 @@ class Profile:
     name: str
     sudoku_model: SudokuMDMConfig
     sudoku_train: TrainConfig
+    sudoku_curriculum: CurriculumConfig | None = None
     solve_eval_puzzles: int = 200
     probe_contexts: int = 8
     probe_batch_tokens: int = 81 * 512
@@ -84,6 +88,7 @@ class Profile:
     ablation_epochs: int = 10
     agreement_contexts: int = 12
     hard_puzzles: int = 300
+    dev_puzzles: int = 100
     hard_clues: tuple[int, int] = (24, 26)
     generation_contexts: int = 200
     generation_max_clues: int = 5
@@ -145,6 +150,7 @@ PROFILES: dict[str, Profile] = {
         ablation_epochs=2,
         agreement_contexts=3,
         hard_puzzles=6,
+        dev_puzzles=4,
         hard_clues=(30, 32),
         generation_contexts=6,
         oracle_puzzles=2,
@@ -217,6 +223,7 @@ PROFILES: dict[str, Profile] = {
         ablation_epochs=15,
         agreement_contexts=48,
         hard_puzzles=1000,
+        dev_puzzles=200,
         hard_clues=(22, 25),
         generation_contexts=1000,
         oracle_puzzles=100,

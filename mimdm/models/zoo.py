@@ -9,9 +9,10 @@ import numpy as np
 import torch
 
 from ..artifacts import artifact_dir, atomic_save, load_checkpoint
-from ..shipped import refuse_training
 from ..data import sudoku as sd
 from ..device import apply_precision, resolve_device
+from ..shipped import refuse_training
+from .curriculum import CurriculumConfig, curriculum_batch, load_or_build_pool
 from .sudoku import SudokuMDM, SudokuMDMConfig
 from .training import OBJECTIVE_VERSION, TrainConfig, train_mdm
 
@@ -79,10 +80,14 @@ def solve_rate(model: SudokuMDM, n_puzzles: int, clues=EVAL_CLUES, seed: int = E
             "clues": list(clues), "nfe_mean": float(res.nfe.float().mean()), "seconds": round(dt, 2)}
 
 
-def sudoku_mdm_dir(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig, root: Path | None = None) -> Path:
-    """Artifact folder of the Sudoku MDM with these configurations."""
+def sudoku_mdm_dir(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig, root: Path | None = None,
+                   curriculum: CurriculumConfig | None = None) -> Path:
+    """Artifact folder of the Sudoku MDM with these configurations (``curriculum``: the puzzle-mask curriculum it
+    was trained with, `mimdm.models.curriculum`; None: random masks only, and the key of earlier models)."""
     cfg = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "data": sd.GENERATOR_ID,
            "objective": OBJECTIVE_VERSION}
+    if curriculum is not None:
+        cfg["curriculum"] = curriculum.to_dict()
     return artifact_dir("sudoku_mdm", f"d{model_cfg.d_model}-l{model_cfg.n_layers}", cfg, root)
 
 
@@ -113,8 +118,12 @@ def load_sudoku_mdm(path: Path, device="cpu") -> tuple[SudokuMDM, dict]:
 
 def load_or_train_sudoku_mdm(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig, device="cpu",
                              n_eval: int = 200, progress: bool = True, root: Path | None = None,
-                             train: bool = True, precision: str = "auto") -> tuple[SudokuMDM, dict]:
+                             train: bool = True, precision: str = "auto",
+                             curriculum: CurriculumConfig | None = None) -> tuple[SudokuMDM, dict]:
     """The Sudoku MDM of these configurations: loaded from the artifact cache, else trained.
+
+    With a ``curriculum`` part of each batch is puzzle-shaped masks from its puzzle pool (built once into the
+    model's artifact folder; `mimdm.models.curriculum.curriculum_batch`), the rest random grids masked at random.
 
     The returned model computes forward passes in ``precision`` (`mimdm.device.apply_precision`:
     ``"auto"`` is bf16 autocast on a CUDA device that supports it, fp32 otherwise); training and
@@ -128,7 +137,7 @@ def load_or_train_sudoku_mdm(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig,
         FileNotFoundError: ``train=False`` and no trained model is cached.
     """
     dev = resolve_device(device)
-    d = sudoku_mdm_dir(model_cfg, train_cfg, root)
+    d = sudoku_mdm_dir(model_cfg, train_cfg, root, curriculum)
     final = d / "model.pt"
     if final.exists():
         model, rec = load_sudoku_mdm(final, dev)
@@ -138,15 +147,28 @@ def load_or_train_sudoku_mdm(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig,
     refuse_training(d, "Sudoku MDM")
     torch.manual_seed(train_cfg.seed)
     model = SudokuMDM(model_cfg).to(dev)
-    log = train_mdm(model, sudoku_batch, train_cfg, d / "train_state.pt", progress=progress)
+    sample = sudoku_batch if curriculum is None else curriculum_batch(
+        load_or_build_pool(curriculum, d / "puzzle_pool.npz", progress), curriculum.fraction)
+    log = train_mdm(model, sample, train_cfg, d / "train_state.pt", progress=progress)
     ev = solve_rate(model, n_eval)
     atomic_save({
         "kind": "sudoku_mdm", "state_dict": model.state_dict(),
         "model_config": json.dumps(model_cfg.to_dict()), "train_config": json.dumps(train_cfg.to_dict()),
         "log": json.dumps(log), "eval": json.dumps(ev),
         "trained_on": json.dumps({"device": str(dev), "torch": torch.__version__, "data": sd.GENERATOR_ID,
-                                  "objective": OBJECTIVE_VERSION}),
+                                  "objective": OBJECTIVE_VERSION,
+                                  **({} if curriculum is None else {"curriculum": curriculum.to_dict()})}),
     }, final)
     (d / "train_state.pt").unlink(missing_ok=True)
     model, rec = load_sudoku_mdm(final, dev)
     return apply_precision(model, precision), rec
+
+
+def profile_sudoku_mdm(profile, device="cpu", progress: bool = True, train: bool = True,
+                       precision: str = "auto") -> tuple[SudokuMDM, dict]:
+    """`load_or_train_sudoku_mdm` with a `mimdm.profiles.Profile`'s settings: ``sudoku_model``, ``sudoku_train``,
+    ``sudoku_curriculum`` and ``solve_eval_puzzles`` (the one way chapters, CLI and benchmarks get the profile's
+    Sudoku MDM)."""
+    return load_or_train_sudoku_mdm(profile.sudoku_model, profile.sudoku_train, device=device,
+                                    n_eval=profile.solve_eval_puzzles, progress=progress, train=train,
+                                    precision=precision, curriculum=profile.sudoku_curriculum)
