@@ -19,7 +19,9 @@ import time
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="cpu", help="run profile (default cpu)")
-    ap.add_argument("--what", choices=["protein"], action="append", help="which models (repeatable; default all)")
+    ap.add_argument("--what", choices=["sudoku", "protein"], action="append",
+                    help="which models (repeatable; default all). sudoku: the Sudoku MDM already in the cache "
+                         "(trained by `mimdm train` or adopted from the long run)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -33,8 +35,13 @@ def main(argv=None) -> int:
         print(f"ship_checkpoints: error: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    for what in args.what or ["protein"]:
-        dirs = ship.ship_protein(profile, args.device, progress=not args.no_progress)
+    for what in args.what or ["sudoku", "protein"]:
+        try:
+            dirs = (ship.ship_sudoku(profile, args.device) if what == "sudoku"
+                    else ship.ship_protein(profile, args.device, progress=not args.no_progress))
+        except FileNotFoundError as e:
+            print(f"ship_checkpoints: error: {e}", file=sys.stderr)
+            return 1
         for d in dirs:
             print(f"[ship] {d}", flush=True)
     from mimdm import shipped

@@ -126,3 +126,29 @@ def test_long_run_interrupted_and_resumed_equals_uninterrupted(tmp_path):
     assert conf["curriculum"] == SMALL_POOL.to_dict() and conf["train"]["schedule"] == "wsd"
     with pytest.raises(ValueError, match="another run"):
         run_long_training(tmp_path / "a", TINY, replace(cfg, lr=2e-3), SMALL_POOL, **kw)
+
+
+def test_adopted_long_run_is_the_zoo_model_of_its_configuration(tmp_path):
+    """A finished long run, adopted into the cache, is what the zoo loads for its configuration, and training that
+    configuration from scratch with the zoo (what `make book RETRAIN=1` does) gives the same weights."""
+    from mimdm.models.long_run import adopt
+    from mimdm.models.zoo import load_or_train_sudoku_mdm, sudoku_mdm_dir
+
+    cfg = TrainConfig(steps=6, batch_size=8, lr=1e-3, warmup=2, schedule="wsd", decay_frac=0.5, seed=5,
+                      ckpt_every=2, log_every=1)
+    with pytest.raises(FileNotFoundError, match="has not finished"):
+        adopt(tmp_path / "run", n_eval=2, root=tmp_path / "cache")
+    run_long_training(tmp_path / "run", TINY, cfg, SMALL_POOL, eval_every=3, eval_puzzles=2, progress=False,
+                      stop_after=3)
+    curve = run_long_training(tmp_path / "run", TINY, cfg, SMALL_POOL, eval_every=3, eval_puzzles=2, progress=False)
+    path = adopt(tmp_path / "run", n_eval=3, root=tmp_path / "cache")
+    assert path == sudoku_mdm_dir(TINY, cfg, tmp_path / "cache", SMALL_POOL) / "model.pt"
+    assert path.parent != sudoku_mdm_dir(TINY, cfg, tmp_path / "cache")  # the curriculum is part of the key
+    model, rec = load_or_train_sudoku_mdm(TINY, cfg, n_eval=3, root=tmp_path / "cache", train=False,
+                                          curriculum=SMALL_POOL)
+    assert rec["eval"]["n_puzzles"] == 3 and rec["trained_on"]["curve"] == curve
+    assert rec["trained_on"]["curriculum"] == SMALL_POOL.to_dict()
+    fresh, _ = load_or_train_sudoku_mdm(TINY, cfg, n_eval=3, progress=False, root=tmp_path / "fresh",
+                                        curriculum=SMALL_POOL)
+    for (k, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(a, b), k

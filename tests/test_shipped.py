@@ -108,6 +108,27 @@ def test_shipped_sudoku_mdm_loads_without_training_and_reproduces_its_evaluation
         load_or_train_sudoku_mdm(mcfg, dataclasses.replace(tcfg, steps=5), n_eval=5, progress=False)
 
 
+def test_ship_sudoku_records_an_evaluation_that_reproduce_recomputes(roots, monkeypatch):
+    from types import SimpleNamespace
+
+    from mimdm.experiments import ship
+
+    ship_root, cache = roots
+    prof = SimpleNamespace(name="cpu", sudoku_model=SudokuMDMConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32),
+                           sudoku_train=TrainConfig(steps=4, batch_size=8, warmup=1, ckpt_every=2, log_every=2),
+                           sudoku_curriculum=None, solve_eval_puzzles=5)
+    with pytest.raises(FileNotFoundError, match="no trained Sudoku MDM"):
+        ship.ship_sudoku(prof)
+    model, rec = load_or_train_sudoku_mdm(prof.sudoku_model, prof.sudoku_train, n_eval=5, progress=False)
+    (slot,) = ship.ship_sudoku(prof)
+    record = json.loads((slot / "record.json").read_text())
+    ev = record["evaluation"]["reproduce"]["solve"]
+    assert ev["n_puzzles"] == ship.SUDOKU_EVAL_PUZZLES
+    assert ev["solve_rate"] == solve_rate(model, ship.SUDOKU_EVAL_PUZZLES)["solve_rate"]
+    assert record["evaluation"]["measured"]["eval"] == rec["eval"] and record["kind"] == "sudoku_mdm"
+    assert ship.reproduce(record) == record["evaluation"]["reproduce"]
+
+
 def test_potts_couplings_pack_to_upper_blocks_in_float16(tmp_path):
     L, V = 5, 21
     g = torch.Generator().manual_seed(0)

@@ -8,6 +8,9 @@ Protein slots (the default family, chapter 4): ``protein_potts`` and ``protein_p
 Potts MDM with the L2 chosen on validation CE, and that choice), ``protein_plm`` and ``protein_plm_selection`` (the
 pseudo-likelihood baseline), ``protein_mi_head`` and ``protein_contact_head`` (the MI heads on probed ``mi`` and
 ``mi_aa`` labels).
+
+Sudoku slots: ``sudoku_mdm`` (the profile's Sudoku MDM; its reproduced evaluation is the solve rate on
+`SUDOKU_EVAL_PUZZLES` fixed 30-35-clue puzzles by sequential decoding, exactly).
 """
 from __future__ import annotations
 
@@ -19,6 +22,9 @@ import numpy as np
 import torch
 
 from .. import shipped
+
+#: Puzzles of a shipped Sudoku MDM's reproduced solve rate (`mimdm.models.zoo.solve_rate`: 30-35 clues, fixed seed).
+SUDOKU_EVAL_PUZZLES = 100
 
 #: Masking of the fixed contexts a head's fingerprint is computed on (the native row, this share masked, seed 0).
 FINGERPRINT_RATES = (1.0, 0.5)
@@ -86,6 +92,38 @@ def protein_slots(prep: dict, head_study: dict | None = None) -> list[tuple[str,
     return out
 
 
+def sudoku_evaluation(model) -> dict:
+    """Solve rate, valid rate and mean NFE on `SUDOKU_EVAL_PUZZLES` fixed 30-35-clue puzzles (sequential decoding)."""
+    from ..models.zoo import solve_rate
+
+    ev = solve_rate(model, SUDOKU_EVAL_PUZZLES)
+    return {k: ev[k] for k in ("solve_rate", "valid_rate", "n_puzzles", "nfe_mean")}
+
+
+def ship_sudoku(profile, device="cpu") -> list[Path]:
+    """Ship the profile's Sudoku MDM from the artifact cache (trained there by `mimdm.models.zoo.profile_sudoku_mdm`,
+    or adopted from the long run by `mimdm.models.long_run.adopt`) as slot ``sudoku_mdm``.
+
+    Raises:
+        FileNotFoundError: the profile's Sudoku MDM is not in the cache.
+    """
+    from ..artifacts import git_commit
+    from ..models.zoo import profile_sudoku_mdm
+
+    model, rec = profile_sudoku_mdm(profile, device=device, progress=False, train=False, precision="fp32")
+    src = Path(rec["path"]).parent
+    log = rec.get("log") or []
+    minutes = round(log[-1]["seconds"] / 60, 2) if log and "seconds" in log[-1] else None
+    measured = {"eval": rec["eval"], "n_parameters": rec["n_parameters"]}
+    curve = (rec.get("trained_on") or {}).get("curve")
+    if curve:
+        measured["curve_last"] = curve[-1]
+    return [shipped.ship(src, profile.name, "sudoku_mdm", ["model.pt"],
+                         {"reproduce": {"solve": sudoku_evaluation(model)}, "measured": measured}, minutes,
+                         (rec.get("trained_on") or {}).get("long_run", {}).get("started_from_commit") or git_commit(),
+                         extra={"torch": torch.__version__, "kind": "sudoku_mdm"})]
+
+
 def reproduce(record: dict, device="cpu") -> dict:
     """Recompute a shipped slot's ``evaluation["reproduce"]`` from the installed checkpoints.
 
@@ -99,6 +137,11 @@ def reproduce(record: dict, device="cpu") -> dict:
 
     slot = record["slot"]
     path = artifacts_root() / record["artifact"]
+    if slot == "sudoku_mdm":
+        from ..models.zoo import load_sudoku_mdm
+
+        model, _ = load_sudoku_mdm(path / "model.pt", device)
+        return {"solve": sudoku_evaluation(model)}
     if slot.endswith("_selection"):
         return {"l2": json.loads((path / "selection.json").read_text())["l2"]}
     fam, pos = _protein_fixture()
@@ -140,4 +183,5 @@ def ship_protein(profile, device="cpu", progress: bool = True) -> list[Path]:
     return dirs
 
 
-__all__ = ["FINGERPRINT_RATES", "head_fingerprint", "potts_evaluation", "protein_slots", "reproduce", "ship_protein"]
+__all__ = ["FINGERPRINT_RATES", "SUDOKU_EVAL_PUZZLES", "head_fingerprint", "potts_evaluation", "protein_slots",
+           "reproduce", "ship_protein", "ship_sudoku", "sudoku_evaluation"]

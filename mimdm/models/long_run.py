@@ -40,9 +40,15 @@ EVAL_SETS = (("solve_30_35", (30, 35), 424242), ("solve_hard", (24, 26), 434343)
 def long_run_configs() -> tuple[SudokuMDMConfig, TrainConfig, CurriculumConfig]:
     """The configuration of the committed long `cpu` run: the `cpu` architecture (~1M parameters),
     batch 64, WSD schedule (peak 1.5e-3, 1,000 warmup steps, last 20% cosine decay to 0.1x) over
-    60,000 steps (3.84M examples), half of each batch puzzle-shaped masks (22-35 clues)."""
+    24,000 steps (1.54M examples), half of each batch puzzle-shaped masks (22-35 clues).
+
+    The run was planned for 60,000 steps and re-planned to 24,000 at step 17,000 (``config.json``,
+    ``extended``), before its decay had begun: the solve rates had stopped rising at the stable learning
+    rate since about step 10,000 (``curve.jsonl``). Both plans give the same first 17,000 steps, so the
+    result is the model of this configuration trained in one go. The `cpu` profile trains this
+    configuration (`mimdm.profiles`)."""
     model = SudokuMDMConfig.cpu()
-    train = TrainConfig(steps=60_000, batch_size=64, lr=1.5e-3, warmup=1000, min_lr_ratio=0.1,
+    train = TrainConfig(steps=24_000, batch_size=64, lr=1.5e-3, warmup=1000, min_lr_ratio=0.1,
                         schedule="wsd", decay_frac=0.2, seed=2026, ckpt_every=500, log_every=100)
     curriculum = CurriculumConfig(fraction=0.5, pool_size=4096, clues=(22, 35), seed=777)
     return model, train, curriculum
@@ -96,9 +102,9 @@ unique puzzles, rebuilt deterministically from the seed if missing), `model.pt` 
 once the run completes). Keep `--eval-every` and the evaluation size unchanged across sessions so
 the curve stays on one grid.
 
-Measured (2026-12-01, one thread on a 2-core machine whose other core was busy): 1.4-1.6 steps/s
-(about 95 examples/s) with a 100 + 100-puzzle evaluation taking about 35 s, so the planned
-60,000 steps take about 11 hours, four or five 3-hour sessions.
+Measured (2026-12-01, one thread on a 2-core machine whose other core was busy): 1.4-1.7 steps/s
+(about 95 examples/s) with a 100 + 100-puzzle evaluation taking about 35 s; the 24,000 steps took
+about 5.6 hours of training over three sessions.
 """
 
 
@@ -221,4 +227,42 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
     return curve
 
 
-__all__ = ["EVAL_SETS", "long_run_configs", "read_curve", "run_long_training", "solve_rate_on"]
+def adopt(state_dir: Path, n_eval: int, root: Path | None = None) -> Path:
+    """Put the completed long run's model into the artifact cache as the Sudoku MDM of its configuration.
+
+    Writes ``model.pt`` in `mimdm.models.zoo.sudoku_mdm_dir` of the run's model, training and curriculum
+    configurations (`mimdm.models.zoo.load_or_train_sudoku_mdm` then loads it instead of training), with the
+    zoo's evaluation (`mimdm.models.zoo.solve_rate` on ``n_eval`` 30-35-clue puzzles), the run's training log and
+    its solve-rate curve (``record["trained_on"]["curve"]``). Training the same configuration from scratch with the
+    zoo gives the same weights up to floating-point nondeterminism: the run resumes exactly, its evaluations do not
+    touch the training state, and a re-planned length (``config.json`` ``extended``) only moved the start of the
+    final decay, which had not begun.
+
+    Returns:
+        The written ``model.pt``.
+
+    Raises:
+        FileNotFoundError: the run has no ``model.pt`` (not finished).
+    """
+    from .curriculum import CurriculumConfig
+    from .zoo import load_sudoku_mdm, solve_rate, sudoku_mdm_dir
+
+    state_dir = Path(state_dir)
+    src = state_dir / "model.pt"
+    if not src.is_file():
+        raise FileNotFoundError(f"{src} not found: the long run has not finished (run scripts/train_sudoku_long.py)")
+    cfg = json.loads((state_dir / "config.json").read_text())
+    model_cfg, train_cfg = SudokuMDMConfig(**cfg["model"]), TrainConfig(**cfg["train"])
+    cur = cfg["curriculum"]
+    curriculum = CurriculumConfig(**{**cur, "clues": tuple(cur["clues"])})
+    ck = torch.load(src, map_location="cpu", weights_only=True)
+    model, _ = load_sudoku_mdm(src)
+    ev = solve_rate(model, n_eval)
+    trained_on = {**json.loads(ck["trained_on"]), "curve": read_curve(state_dir / "curve.jsonl"),
+                  "long_run": {k: cfg.get(k) for k in ("started_from_commit", "extended", "eval")}}
+    d = sudoku_mdm_dir(model_cfg, train_cfg, root, curriculum)
+    atomic_save({**ck, "eval": json.dumps(ev), "trained_on": json.dumps(trained_on)}, d / "model.pt")
+    return d / "model.pt"
+
+
+__all__ = ["EVAL_SETS", "adopt", "long_run_configs", "read_curve", "run_long_training", "solve_rate_on"]
