@@ -98,6 +98,9 @@ class MIHeadConfig:
             term over masked k) + b, then the same bound. Batched matrix products on [B, C, L, L] instead of
             gathered pair MLPs: several times cheaper).
         channels: number C of units of ``pairs="bilinear"``.
+        mix_channels: ``pairs="bilinear"`` only: width M of a hidden pair layer between the units and the logit,
+            h^m_ij = SiLU(Σ_c W_mc g^c_ij + β_m), the logit then Σ_m v_m h^m_ij + two-hop + b (a 1×1 convolution
+            over the [C, L, L] units, one batched matrix product; 0: none, the logit reads the units directly).
     """
 
     d_in: int
@@ -113,6 +116,7 @@ class MIHeadConfig:
     out_bias: float = -4.0
     pairs: str = "gather"
     channels: int = 8
+    mix_channels: int = 0
 
     def to_dict(self) -> dict:
         """The architecture as a dict (``out_bias``, ``pairs`` and ``channels`` left out at their defaults, so
@@ -122,6 +126,8 @@ class MIHeadConfig:
             del d["out_bias"]
         if d["pairs"] == "gather":  # channels has no effect there
             del d["pairs"], d["channels"]
+        if not d["mix_channels"]:  # earlier heads' keys
+            del d["mix_channels"]
         return d
 
 
@@ -164,6 +170,8 @@ class MIHead(nn.Module):
             raise ValueError(f"channels must be >= 1, got {C}")
         if c.positions == "absolute" and c.pos_dim % C:
             raise ValueError(f"pos_dim ({c.pos_dim}) must be a multiple of channels ({C}) for pairs='bilinear'")
+        if c.mix_channels < 0:
+            raise ValueError(f"mix_channels must be >= 0, got {c.mix_channels}")
         if c.tri_channels > C or c.tri_rounds > 1:
             raise ValueError(f"pairs='bilinear' takes at most one two-hop round on at most channels={C} channels")
         self.norm = nn.LayerNorm(c.d_in)
@@ -172,7 +180,11 @@ class MIHead(nn.Module):
             self.pos = nn.Parameter(torch.randn(c.max_len, C, c.pos_dim // C) * 0.5 if c.positions == "absolute"
                                     else torch.zeros(c.max_len, C))
         self.bias = nn.Parameter(torch.zeros(C))
-        self.readout = nn.Parameter(torch.randn(C) / math.sqrt(C))
+        M = c.mix_channels
+        if M:
+            self.mix = nn.Parameter(torch.randn(M, C) / math.sqrt(C))
+            self.mix_bias = nn.Parameter(torch.zeros(M))
+        self.readout = nn.Parameter(torch.randn(M or C) / math.sqrt(M or C))
         self.tri_weight = nn.Parameter(torch.zeros(c.tri_channels if c.tri_rounds else 0))
         self.out_bias = nn.Parameter(torch.tensor(float(c.out_bias)))
 
@@ -194,7 +206,11 @@ class MIHead(nn.Module):
         else:
             G += self.bias[:, None, None]
         G = F.silu(G, inplace=not torch.is_grad_enabled())  # [B, C, L, L]
-        s = (self.readout @ G.view(B, C, L * L)).view(B, L, L) + self.out_bias  # one pass over G, no copy
+        if c.mix_channels:  # hidden pair layer: [M, C] @ [B, C, L·L]
+            H = F.silu(self.mix @ G.view(B, C, L * L) + self.mix_bias[:, None])
+            s = (self.readout @ H).view(B, L, L) + self.out_bias
+        else:
+            s = (self.readout @ G.view(B, C, L * L)).view(B, L, L) + self.out_bias  # one pass over G, no copy
         k = self.tri_weight.numel()
         if k:
             Gm = G[:, :k] * pairs_BLL[:, None].to(G.dtype)

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import math
 
@@ -336,7 +337,8 @@ def _bilinear_reference(head, h, masked, ent):
             for j in range(L):
                 if i == j or not (m[i] and m[j]):
                     continue
-                s = (head.readout * g[:, i, j]).sum() + head.out_bias
+                u = F.silu(head.mix @ g[:, i, j] + head.mix_bias) if c.mix_channels else g[:, i, j]
+                s = (head.readout * u).sum() + head.out_bias
                 two_hop = sum(g[:k, i, q] * g[:k, q, j] for q in range(L) if m[q] and q not in (i, j)) \
                     if k else torch.zeros(0)
                 if k:  # k = i or k = j is not a masked *pair* of the two-hop sum
@@ -366,6 +368,14 @@ def test_bilinear_head_equals_its_definition_and_is_cheap_to_configure():
     head(h, masked, ent).sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in head.parameters())
     assert MIHeadConfig(**cfg.to_dict()) == cfg and cfg.to_dict()["pairs"] == "bilinear"
+    assert "mix_channels" not in cfg.to_dict()
+    mixed = MIHead(dataclasses.replace(cfg, mix_channels=5))  # with a hidden pair layer
+    with torch.no_grad():
+        mixed.tri_weight.copy_(torch.tensor([0.7, -0.4]))
+        assert torch.allclose(mixed(h, masked, ent), _bilinear_reference(mixed, h, masked, ent), atol=1e-5)
+    assert mixed.mix.shape == (5, 6) and mixed.readout.shape == (5,) and mixed.config.to_dict()["mix_channels"] == 5
+    with pytest.raises(ValueError, match="mix_channels must be >= 0"):
+        MIHead(dataclasses.replace(cfg, mix_channels=-1))
     assert "pairs" not in MIHeadConfig(8).to_dict() and "channels" not in MIHeadConfig(8).to_dict()
     rel = MIHead(MIHeadConfig(16, d_hidden=8, rank=4, channels=3, positions="relative", max_len=5, tri_channels=2,
                              pairs="bilinear"))
