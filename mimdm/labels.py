@@ -13,6 +13,10 @@ Storage is sharded and resumable: shard k is generated from its own random strea
 ``(seed, k)``, written atomically to ``shard_{k:05d}.pt`` (``shard_00003.pt``) and recorded in ``manifest.json``. An
 interrupted run skips completed shards and produces exactly the files an uninterrupted run would.
 Splits are by source (``source_id % 10``: 0 test, 1 validation, else train), never by context.
+
+A complete label set packs into one file, ``labels.pt`` (`pack_labels`: no hidden states, the symmetric MI and
+asymmetry matrices as upper triangles), small enough to ship with a trained model (`mimdm.shipped`);
+`unpack_labels` rebuilds the shards from it, recomputing the hidden states with the model.
 """
 from __future__ import annotations
 
@@ -238,3 +242,106 @@ def load_labels(out_dir: Path, split: str | None = None) -> dict:
         sel = out["split"] == SPLITS.index(split)
         out = {k: (v[sel] if isinstance(v, torch.Tensor) and v.shape[:1] == sel.shape else v) for k, v in out.items()}
     return out
+
+
+#: File name of a packed label set (`pack_labels`) inside its label folder.
+PACKED = "labels.pt"
+_PACKED_KIND = "sudoku_labels_packed"
+
+
+def pack_labels(out_dir: Path) -> Path:
+    """Pack the complete label set in ``out_dir`` into ``out_dir/labels.pt``.
+
+    Kept: tokens (int8), the upper triangles (diagonal included) of ``mi`` (float32, exact) and ``asymmetry``
+    (float16, as stored), entropies, source ids, splits, kinds, probing NFE, each context's shard and each shard's
+    seconds, the manifest. Left out: the hidden states, a deterministic function of the tokens and the model
+    (`unpack_labels` recomputes them). For the `cpu` label set (800 contexts) about 16 MB instead of 75.
+
+    Returns:
+        The written file.
+
+    Raises:
+        FileNotFoundError: no manifest, or a listed shard missing.
+        ValueError: a shard's ``mi`` or ``asymmetry`` is not symmetric.
+    """
+    out_dir = Path(out_dir)
+    man = json.loads((out_dir / "manifest.json").read_text()) if (out_dir / "manifest.json").exists() else None
+    if man is None:
+        raise FileNotFoundError(f"no label set at {out_dir} (manifest.json missing)")
+    shards = sorted(int(k) for k in man["shards"])
+    parts, seconds = [], []
+    for k in shards:
+        if not shard_path(out_dir, k).is_file():
+            raise FileNotFoundError(f"{shard_path(out_dir, k)} listed in the manifest is missing")
+        parts.append(torch.load(shard_path(out_dir, k), weights_only=True))
+        seconds.append(float(parts[-1]["seconds"]))
+    L = parts[0]["tokens"].shape[1]
+    iu = torch.triu_indices(L, L)
+    packed = {"kind": _PACKED_KIND, "manifest": json.dumps(man), "shard": [], "shard_seconds": torch.tensor(seconds)}
+    cols = {"tokens": [], "mi_triu": [], "asymmetry_triu": [], "entropy": [], "source_id": [], "split": [], "kind_": [],
+            "nfe": []}
+    for k, p in zip(shards, parts):
+        for key in ("mi", "asymmetry"):
+            if not torch.equal(p[key], p[key].transpose(1, 2)):
+                raise ValueError(f"shard {k}: {key} is not symmetric; it cannot be packed as a triangle")
+        cols["tokens"].append(p["tokens"].to(torch.int8))
+        cols["mi_triu"].append(p["mi"][:, iu[0], iu[1]])
+        cols["asymmetry_triu"].append(p["asymmetry"][:, iu[0], iu[1]])
+        for key in ("entropy", "source_id", "split", "nfe"):
+            cols[key].append(p[key])
+        cols["kind_"].append(p["kind"])
+        packed["shard"].append(torch.full((p["tokens"].shape[0],), k, dtype=torch.int64))
+    packed.update({k: torch.cat(v) for k, v in cols.items()})
+    packed["shard"] = torch.cat(packed["shard"])
+    atomic_save(packed, out_dir / PACKED)
+    return out_dir / PACKED
+
+
+@torch.no_grad()
+def unpack_labels(model: MaskedModel, cfg: LabelConfig, out_dir: Path) -> Path:
+    """Rebuild the shards and manifest of ``out_dir`` from its packed ``labels.pt`` (`pack_labels`).
+
+    Each shard's hidden states at ``cfg.layers`` are recomputed with ``model`` on that shard's contexts in one batch,
+    as `label_shard` computed them; everything else is restored exactly.
+
+    Returns:
+        ``out_dir``.
+
+    Raises:
+        FileNotFoundError: no ``labels.pt``. ValueError: it is not a packed label set, or holds labels of another
+        config.
+    """
+    out_dir = Path(out_dir)
+    path = out_dir / PACKED
+    if not path.is_file():
+        raise FileNotFoundError(f"no packed label set at {path}")
+    pk = torch.load(path, map_location="cpu", weights_only=True)
+    if pk.get("kind") != _PACKED_KIND:
+        raise ValueError(f"{path} is not a packed label set (kind={pk.get('kind')!r})")
+    man = json.loads(pk["manifest"])
+    if man["config"] != json.loads(json.dumps(cfg.to_dict())):
+        raise ValueError(f"{path} holds labels of another config")
+    model.eval()
+    L = pk["tokens"].shape[1]
+    iu = torch.triu_indices(L, L)
+
+    def full(tri: Tensor) -> Tensor:
+        m = torch.zeros(tri.shape[0], L, L, dtype=tri.dtype)
+        m[:, iu[0], iu[1]] = tri
+        m[:, iu[1], iu[0]] = tri
+        return m
+
+    for i, k in enumerate(sorted(int(k) for k in man["shards"])):
+        sel = pk["shard"] == k
+        tokens = pk["tokens"][sel].long()
+        shard = {"tokens": tokens, "mi": full(pk["mi_triu"][sel]), "asymmetry": full(pk["asymmetry_triu"][sel]),
+                 "entropy": pk["entropy"][sel], "source_id": pk["source_id"][sel], "split": pk["split"][sel],
+                 "kind": pk["kind_"][sel], "nfe": pk["nfe"][sel], "seconds": pk["shard_seconds"][i]}
+        dev_tokens = tokens.to(model.device)
+        for layer in cfg.layers:
+            shard[f"hidden_{layer}"] = model(dev_tokens, layer=layer).hidden.half().cpu()
+        atomic_save(shard, shard_path(out_dir, k))
+    tmp = (out_dir / "manifest.json").with_suffix(".tmp")
+    tmp.write_text(json.dumps(man, indent=1))
+    tmp.replace(out_dir / "manifest.json")
+    return out_dir

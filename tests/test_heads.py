@@ -401,3 +401,32 @@ def test_bilinear_head_learns_position_blocks_and_reloads(tmp_path):
     save_head(head, tmp_path / "h.pt", HeadTrainConfig(), [])
     again, _ = load_head(tmp_path / "h.pt")
     assert torch.equal(again(data["hidden_-1"], masked, data["entropy"]), pred)
+
+
+def test_packed_label_set_unpacks_to_the_same_shards(tmp_path):
+    """`pack_labels` keeps everything but the hidden states; `unpack_labels` recomputes those: identical shards."""
+    import shutil
+
+    from mimdm.labels import PACKED, pack_labels, unpack_labels
+
+    torch.manual_seed(0)
+    model = SudokuMDM(TINY).eval()
+    cfg = LabelConfig(n_shards=2, sources_per_shard=3, contexts_per_source=2, layers=(-1, 1))
+    generate_labels(model, cfg, tmp_path / "a", progress=False)
+    path = pack_labels(tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    shutil.copy(path, tmp_path / "b" / PACKED)
+    assert not is_complete(tmp_path / "b", cfg)
+    unpack_labels(model, cfg, tmp_path / "b")
+    assert is_complete(tmp_path / "b", cfg)
+    assert (tmp_path / "a" / "manifest.json").read_text() == (tmp_path / "b" / "manifest.json").read_text()
+    for k in (0, 1):
+        a = torch.load(tmp_path / "a" / f"shard_{k:05d}.pt", weights_only=True)
+        b = torch.load(tmp_path / "b" / f"shard_{k:05d}.pt", weights_only=True)
+        assert set(a) == set(b)
+        for key in a:
+            assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), (k, key)
+    with pytest.raises(ValueError, match="labels of another config"):
+        unpack_labels(model, dataclasses.replace(cfg, n_shards=3), tmp_path / "b")
+    with pytest.raises(FileNotFoundError, match="no packed label set"):
+        unpack_labels(model, cfg, tmp_path / "none")

@@ -15,7 +15,7 @@ from ..artifacts import artifact_dir
 from ..shipped import refuse_training
 from ..data import sudoku as sd
 from ..heads import HeadTrainConfig, MIHead, MIHeadConfig, load_head, predict_mi, save_head, train_head
-from ..labels import LabelConfig, generate_labels, is_complete, label_dir, load_labels
+from ..labels import PACKED, LabelConfig, generate_labels, is_complete, label_dir, load_labels, unpack_labels
 from ..metrics import correlation, graph_recovery, pair_values
 from ..models.base import MaskedModel
 from ..models.potts import PottsMDM
@@ -25,8 +25,11 @@ from ..sudoku_mi import underdetermined_grids
 
 
 def load_or_build_labels(model: MaskedModel, model_path: str | Path, cfg: LabelConfig, progress: bool = True) -> Path:
-    """The label set of ``cfg`` for the MDM saved at ``model_path``: generated (resumably) if incomplete."""
+    """The label set of ``cfg`` for the MDM saved at ``model_path``: unpacked from a shipped ``labels.pt``
+    (`mimdm.labels.unpack_labels`) or generated (resumably) if incomplete."""
     d = label_dir(Path(model_path).parent, cfg)
+    if not is_complete(d, cfg) and (d / PACKED).is_file():
+        unpack_labels(model, cfg, d)
     if not is_complete(d, cfg):
         generate_labels(model, cfg, d, progress=progress)
     return d
