@@ -189,3 +189,38 @@ def test_readme_lists_every_slot(roots):
     text = shipped.readme("cpu")
     assert "| toy | `toy_model/m-" in text and "`model.pt` 0.0 MB (sha256 " in text and '{"ce": 1.25}' in text
     assert "2.0 min | 0123456 |" in text
+
+
+def test_ship_sudoku_with_heads_ships_labels_and_heads_that_reproduce(roots, monkeypatch):
+    """The smoke profile's Sudoku MDM, packed label set, MI head and ablation heads: each slot's evaluation is
+    recomputed from the installed files alone, and the packed labels unpack into a fresh cache."""
+    from mimdm.experiments import ship
+    from mimdm.experiments.mi_head import load_or_build_labels
+    from mimdm.labels import is_complete, load_labels
+    from mimdm.models.zoo import profile_sudoku_mdm
+    from mimdm.profiles import get_profile
+
+    ship_root, cache = roots
+    P = get_profile("smoke")
+    model, rec = profile_sudoku_mdm(P, progress=False)
+    dirs = ship.ship_sudoku(P, heads=True, progress=False)
+    slots = [d.name for d in dirs]
+    assert slots[:3] == ["sudoku_mdm", "sudoku_labels", "sudoku_mi_head"] and len(slots) > 4
+    records = {r["slot"]: r for r in shipped.records("smoke")}
+    for slot in slots:
+        assert ship.reproduce(records[slot]) == records[slot]["evaluation"]["reproduce"], slot
+    labels_dir = cache / records["sudoku_labels"]["artifact"]
+    before = load_labels(labels_dir)
+    for f in labels_dir.glob("shard_*.pt"):
+        f.unlink()
+    (labels_dir / "manifest.json").unlink()
+    assert not is_complete(labels_dir, P.labels)
+    from mimdm.experiments import mi_head
+
+    def no_probing(*a, **k):
+        raise AssertionError("the shipped label set was probed again")
+
+    monkeypatch.setattr(mi_head, "generate_labels", no_probing)
+    assert load_or_build_labels(model, rec["path"], P.labels, progress=False) == labels_dir  # unpacked, not probed
+    after = load_labels(labels_dir)
+    assert all(torch.equal(before[k], after[k]) for k in before if isinstance(before[k], torch.Tensor))

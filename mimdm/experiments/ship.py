@@ -10,7 +10,10 @@ pseudo-likelihood baseline), ``protein_mi_head`` and ``protein_contact_head`` (t
 ``mi_aa`` labels).
 
 Sudoku slots: ``sudoku_mdm`` (the profile's Sudoku MDM; its reproduced evaluation is the solve rate on
-`SUDOKU_EVAL_PUZZLES` fixed 30-35-clue puzzles by sequential decoding, exactly).
+`SUDOKU_EVAL_PUZZLES` fixed 30-35-clue puzzles by sequential decoding, exactly); with ``heads=True`` also
+``sudoku_labels`` (the MI label set packed by `mimdm.labels.pack_labels`; evaluation: context count and summed MI),
+``sudoku_mi_head`` (chapter 2's head) and ``sudoku_head_<ablation>`` (its ablations; evaluation of a head: the
+summed predicted MI on `SUDOKU_FINGERPRINT_CONTEXTS` fixed contexts).
 """
 from __future__ import annotations
 
@@ -25,6 +28,9 @@ from .. import shipped
 
 #: Puzzles of a shipped Sudoku MDM's reproduced solve rate (`mimdm.models.zoo.solve_rate`: 30-35 clues, fixed seed).
 SUDOKU_EVAL_PUZZLES = 100
+
+#: Fixed contexts of a Sudoku head's fingerprint: this many random grids with 20 givens each (seed 0).
+SUDOKU_FINGERPRINT_CONTEXTS = 8
 
 #: Masking of the fixed contexts a head's fingerprint is computed on (the native row, this share masked, seed 0).
 FINGERPRINT_RATES = (1.0, 0.5)
@@ -100,9 +106,31 @@ def sudoku_evaluation(model) -> dict:
     return {k: ev[k] for k in ("solve_rate", "valid_rate", "n_puzzles", "nfe_mean")}
 
 
-def ship_sudoku(profile, device="cpu") -> list[Path]:
+def sudoku_head_fingerprint(model, head, layer: int) -> dict:
+    """``{"mi_sum": summed predicted MI (nats), "n_contexts"}`` of ``head`` on `SUDOKU_FINGERPRINT_CONTEXTS` fixed
+    contexts (random solution grids with 20 givens, seed 0)."""
+    from ..data import sudoku as sd
+    from ..heads import head_inputs
+    from ..models.zoo import grids_to_tokens
+
+    rng = np.random.default_rng(0)
+    grids = np.stack([sd.random_partial(g, 20, rng) for g in sd.random_solutions(SUDOKU_FINGERPRINT_CONTEXTS, rng)])
+    with torch.no_grad():
+        h, m, e = head_inputs(model, grids_to_tokens(grids, model.device), layer)
+        mi = head(h, m, e)
+    return {"mi_sum": float(mi.double().sum()), "n_contexts": SUDOKU_FINGERPRINT_CONTEXTS}
+
+
+def labels_evaluation(path: Path) -> dict:
+    """``{"n_contexts", "mi_sum"}`` (nats, upper triangles) of a packed label set."""
+    pk = torch.load(path, map_location="cpu", weights_only=True)
+    return {"n_contexts": int(pk["tokens"].shape[0]), "mi_sum": float(pk["mi_triu"].double().sum())}
+
+
+def ship_sudoku(profile, device="cpu", heads: bool = False, progress: bool = True) -> list[Path]:
     """Ship the profile's Sudoku MDM from the artifact cache (trained there by `mimdm.models.zoo.profile_sudoku_mdm`,
-    or adopted from the long run by `mimdm.models.long_run.adopt`) as slot ``sudoku_mdm``.
+    or adopted from the long run by `mimdm.models.long_run.adopt`) as slot ``sudoku_mdm``; with ``heads`` also its
+    label set, MI head and ablation heads (built now if missing: `mimdm.experiments.mi_head.prepare`).
 
     Raises:
         FileNotFoundError: the profile's Sudoku MDM is not in the cache.
@@ -118,10 +146,34 @@ def ship_sudoku(profile, device="cpu") -> list[Path]:
     curve = (rec.get("trained_on") or {}).get("curve")
     if curve:
         measured["curve_last"] = curve[-1]
-    return [shipped.ship(src, profile.name, "sudoku_mdm", ["model.pt"],
+    dirs = [shipped.ship(src, profile.name, "sudoku_mdm", ["model.pt"],
                          {"reproduce": {"solve": sudoku_evaluation(model)}, "measured": measured}, minutes,
                          (rec.get("trained_on") or {}).get("long_run", {}).get("started_from_commit") or git_commit(),
                          extra={"torch": torch.__version__, "kind": "sudoku_mdm"})]
+    if not heads:
+        return dirs
+    from ..labels import pack_labels
+    from .mi_head import prepare
+
+    prep = prepare(profile, model, rec["path"], progress=progress)
+    packed = pack_labels(prep["labels"])
+    man = json.loads((prep["labels"] / "manifest.json").read_text())
+    probe_minutes = round(sum(v["seconds"] for v in man["shards"].values()) / 60, 2)
+    dirs.append(shipped.ship(prep["labels"], profile.name, "sudoku_labels", [packed.name],
+                             {"reproduce": labels_evaluation(packed), "measured": {"probing_nfe": sum(
+                                 v["nfe"] for v in man["shards"].values())}}, probe_minutes, git_commit(),
+                             extra={"torch": torch.__version__, "kind": "labels"}))
+    todo = [("sudoku_mi_head", prep["head"], prep["head_record"])] + [
+        (f"sudoku_head_{name}", h, r) for name, (h, r, _) in prep["ablations"].items()]
+    for slot, head, hrec in todo:
+        log = hrec.get("log") or []
+        layer = hrec["train_config"]["layer"]
+        dirs.append(shipped.ship(Path(hrec["path"]).parent, profile.name, slot, ["head.pt"],
+                                 {"reproduce": {"fingerprint": sudoku_head_fingerprint(model, head, layer)},
+                                  "measured": {"n_parameters": head.n_parameters()}},
+                                 round(log[-1]["seconds"] / 60, 2) if log and "seconds" in log[-1] else None,
+                                 git_commit(), extra={"torch": torch.__version__, "kind": "mi_head"}))
+    return dirs
 
 
 def reproduce(record: dict, device="cpu") -> dict:
@@ -142,6 +194,17 @@ def reproduce(record: dict, device="cpu") -> dict:
 
         model, _ = load_sudoku_mdm(path / "model.pt", device)
         return {"solve": sudoku_evaluation(model)}
+    if slot == "sudoku_labels":
+        from ..labels import PACKED
+
+        return labels_evaluation(path / PACKED)
+    if slot.startswith("sudoku_"):  # a Sudoku head: its fingerprint on the shipped Sudoku MDM
+        from ..models.zoo import load_sudoku_mdm
+
+        mdm = next(r for r in shipped.records(record["profile"]) if r["slot"] == "sudoku_mdm")
+        model, _ = load_sudoku_mdm(artifacts_root() / mdm["artifact"] / "model.pt", device)
+        head, hrec = load_head(path / "head.pt", device)
+        return {"fingerprint": sudoku_head_fingerprint(model, head, hrec["train_config"]["layer"])}
     if slot.endswith("_selection"):
         return {"l2": json.loads((path / "selection.json").read_text())["l2"]}
     fam, pos = _protein_fixture()
@@ -183,5 +246,6 @@ def ship_protein(profile, device="cpu", progress: bool = True) -> list[Path]:
     return dirs
 
 
-__all__ = ["FINGERPRINT_RATES", "SUDOKU_EVAL_PUZZLES", "head_fingerprint", "potts_evaluation", "protein_slots",
-           "reproduce", "ship_protein", "ship_sudoku", "sudoku_evaluation"]
+__all__ = ["FINGERPRINT_RATES", "SUDOKU_EVAL_PUZZLES", "SUDOKU_FINGERPRINT_CONTEXTS", "head_fingerprint",
+           "labels_evaluation", "potts_evaluation", "protein_slots", "reproduce", "ship_protein", "ship_sudoku",
+           "sudoku_evaluation", "sudoku_head_fingerprint"]
