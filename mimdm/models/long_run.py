@@ -104,7 +104,10 @@ the curve stays on one grid.
 
 Measured (2026-12-01, one thread on a 2-core machine whose other core was busy): 1.4-1.7 steps/s
 (about 95 examples/s) with a 100 + 100-puzzle evaluation taking about 35 s; the 24,000 steps took
-about 5.6 hours of training over three sessions.
+about 5.9 hours of training (evaluations excluded) over three sessions. The run has finished; its
+`model.pt` is shipped as `checkpoints/cpu/sudoku_mdm` (`scripts/ship_checkpoints.py`), and `state.pt` holds the
+final state, from which a later session can extend the run (raise `steps` in `long_run_configs` and record the
+change under `extended` in `config.json`).
 """
 
 
