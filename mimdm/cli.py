@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -48,6 +49,17 @@ def _n(count: int, unit: str) -> str:
     """``"1 forward pass"``, ``"3 forward passes"``."""
     plural = unit + ("es" if unit.endswith("s") else "s")
     return f"{count:,} {unit if count == 1 else plural}"
+
+
+def _seed(text: str) -> int:
+    """argparse type of ``--seed``: an integer torch's generators accept (0 to 2^63 - 1)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= v < 2**63:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 2^63-1, got {text}")
+    return v
 
 
 def _log(msg: str) -> None:
@@ -477,8 +489,8 @@ def cmd_decode(args) -> int:
     """
     if bool(args.puzzles) == bool(args.protein):
         raise CLIError("give Sudoku PUZZLE strings or --protein SEQ (not both, not neither)")
-    if args.temperature < 0:
-        raise CLIError(f"--temperature must be >= 0 (0: argmax), got {args.temperature}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise CLIError(f"--temperature must be a finite number >= 0 (0: argmax), got {args.temperature}")
     res = _decode_sudoku(args) if args.puzzles else _decode_protein(args)
     if args.json:
         print(json.dumps(res, indent=1))
@@ -659,7 +671,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--entropy-cap", type=float, default=None, metavar="NATS",
                    help="mi rule only: admit a position (after the step's first) only if its entropy is <= NATS (default: no cap)")
     d.add_argument("--temperature", type=float, default=0.0, help="0: argmax values (default); > 0: sample at this temperature")
-    d.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
+    d.add_argument("--seed", type=_seed, default=0, help="seed of the sampling, 0 to 2^63-1 (default 0)")
     d.add_argument("--pretty", action="store_true", help="print grids as 9 rows instead of one 81-character line")
     d.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     d.set_defaults(func=cmd_decode)
@@ -678,7 +690,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mask-size distribution, both unbiased for the I-MDCE identity's harmonic sum: uniform "
                         "(m uniform, weight n/m; lower variance on Sudoku, the library's default) or harmonic "
                         "(m ~ 1/m, weight H_n) (default: uniform)")
-    n.add_argument("--seed", type=int, default=0, help="seed of the mask draws (default 0)")
+    n.add_argument("--seed", type=_seed, default=0, help="seed of the mask draws, 0 to 2^63-1 (default 0)")
     n.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     n.set_defaults(func=cmd_nll)
     return ap
@@ -687,6 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run ``mimdm`` with ``argv`` (default: ``sys.argv[1:]``); returns 0 or raises `SystemExit` on error."""
     args = build_parser().parse_args(argv)
+    from .models.base import NonFiniteOutputError
     from .shipped import ShippedCheckpointError
 
     try:
@@ -700,6 +713,12 @@ def main(argv: list[str] | None = None) -> int:
     except ShippedCheckpointError as e:  # a shipped checkpoint altered or not matching the profile: says how to retrain
         print(f"mimdm {args.cmd}: error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
+    except (ValueError, NonFiniteOutputError) as e:  # bad input or checkpoints (2), non-finite model output (1)
+        if os.environ.get("MIMDM_DEBUG"):
+            raise
+        first = str(e).strip().partition("\n")[0]
+        print(f"mimdm {args.cmd}: error: {first} (MIMDM_DEBUG=1 shows the traceback)", file=sys.stderr)
+        raise SystemExit(1 if isinstance(e, NonFiniteOutputError) else 2) from None
     except KeyboardInterrupt:
         print(f"\nmimdm {args.cmd}: interrupted; run the same command again to resume from the last checkpoint/shard",
               file=sys.stderr)

@@ -5,7 +5,7 @@ import torch
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
-    """Turn ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or ``"auto"``/None into a usable `torch.device`.
+    """Turn ``"cpu"`` (or ``"cpu:0"``), ``"cuda"``, ``"cuda:1"`` or ``"auto"``/None into a usable `torch.device`.
 
     Raises:
         ValueError: the string is not a device name.
@@ -24,6 +24,8 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
             raise RuntimeError(f"device {device!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist")
     elif dev.type != "cpu":
         raise ValueError(f"unsupported device type {dev.type!r}; use 'cpu' or 'cuda'")
+    else:
+        dev = torch.device("cpu")  # "cpu:0" is the one CPU device; checkpoints cannot be mapped to "cpu:0"
     return dev
 
 

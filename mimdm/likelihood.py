@@ -201,11 +201,24 @@ def _check_counts(n_samples, batch_size) -> None:
             raise ValueError(f"{name} must be an integer ≥ 1, got {v!r}")
 
 
+#: Largest number of mask-draw cells (sequences × draws × length) drawn at once: the draws' float64 keys then take at
+#: most 2 GiB. Larger requests are refused (they would also need that many forward passes).
+MAX_DRAW_CELLS = 1 << 28
+
+
+def _check_draw_size(B: int, K: int, L: int) -> None:
+    if B * K * L > MAX_DRAW_CELLS:
+        raise ValueError(f"{B:,} sequences x {K:,} mask draws x {L} positions need {B * K * L * 8 / 2**30:.1f} GiB of "
+                         f"mask keys and {B * K:,} forward passes; the limit is {MAX_DRAW_CELLS:,} cells: lower the "
+                         "number of draws or score fewer sequences per call")
+
+
 def _estimate(kind: str, model, tokens_BL, n_samples, maskable_BL, seed, batch_size) -> Estimate:
     _check_counts(n_samples, batch_size)
     tokens_BL, maskable_BL, vidx = _prepare(model, tokens_BL, maskable_BL)
     g = torch.Generator().manual_seed(seed)
     B, L = tokens_BL.shape
+    _check_draw_size(B, n_samples, L)
     masks, w = _draw_masks(kind, maskable_BL, n_samples, g)
     f = masked_nll_terms(model, tokens_BL.repeat_interleave(n_samples, 0), masks.reshape(B * n_samples, L),
                          vidx.repeat_interleave(n_samples, 0), batch_size)
@@ -243,7 +256,7 @@ def time_free_nll(model: MaskedModel, tokens_BL: Tensor, n_samples: int = 64, ma
     Raises:
         ValueError: a scored position holds no value, a sequence has nothing to score, the model
             assigns probability 0 to a scored value; ``n_samples`` or ``batch_size`` not an integer
-            >= 1. See also `MaskedModel.check_tokens`.
+            >= 1; more than `MAX_DRAW_CELLS` draw cells (B·K·L). See also `MaskedModel.check_tokens`.
     """
     if sizes not in ("harmonic", "uniform"):
         raise ValueError(f"sizes must be 'harmonic' or 'uniform', got {sizes!r}")
@@ -350,6 +363,7 @@ def log_likelihood_ratio(model: MaskedModel, x_BL: Tensor, y_BL: Tensor, n_sampl
     g = torch.Generator().manual_seed(seed)
     B, L = x_BL.shape
     K = n_samples
+    _check_draw_size(B, K, L)
     masks, w = _draw_masks(estimator, maskable_BL, K, g)
     flat = masks.reshape(B * K, L)
     fx = masked_nll_terms(model, x_BL.repeat_interleave(K, 0), flat, vx.repeat_interleave(K, 0), batch_size)

@@ -74,3 +74,50 @@ def test_sample_data_mi_needs_a_grid():
 
     with pytest.raises(ValueError, match="n_grids must be >= 1"):
         sample_data_mi(0, np.random.default_rng(0))
+
+
+class _BrokenAfter:
+    """Wraps a model's `_forward`: from forward pass ``n`` on, one logit of sequence 0 is ``value``."""
+
+    def __init__(self, model, n: int, value: float, pos: int = 5, val: int = 2):
+        self.inner, self.n, self.value, self.pos, self.val, self.calls = model._forward, n, value, pos, val, 0
+
+    def __call__(self, tokens_BL, layer):
+        out = self.inner(tokens_BL, layer)
+        self.calls += 1
+        if self.calls >= self.n:
+            out.logits[0, self.pos, self.val] = self.value
+        return out
+
+
+def test_non_finite_model_output_is_an_error_in_decoding_probing_and_likelihood():
+    from mimdm.decoding import Sequential, decode
+    from mimdm.models.base import NonFiniteOutputError
+    from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
+    from mimdm.probing import probe_mi
+
+    torch.manual_seed(0)
+    model = SudokuMDM(SudokuMDMConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32)).eval()
+    grids = np.stack([sd.random_partial(s, 70, np.random.default_rng(0)) for s in sd.random_solutions(2, np.random.default_rng(1))])
+    x = grids_to_tokens(grids)
+    for value in (float("nan"), float("inf")):
+        model._forward = _BrokenAfter(model, 1, value)
+        with pytest.raises(NonFiniteOutputError, match=r"SudokuMDM returned non-finite logits .* at 1 positions of 1 of 2"):
+            decode(model, x, Sequential("confidence"))
+        with pytest.raises(NonFiniteOutputError):
+            decode(model, x, Sequential("confidence"), temperature=1.0)
+    # -inf is probability 0, a valid output; -inf at every value of a masked position leaves no distribution
+    model._forward = _BrokenAfter(model, 1, float("-inf"))
+    assert decode(model, x, Sequential("confidence")).tokens.shape == x.shape
+    masked_pos = int(torch.nonzero(x[0] == model.mask_id)[0])
+    model._forward = _BrokenAfter(model, 1, float("-inf"), pos=masked_pos, val=slice(None))
+    with pytest.raises(NonFiniteOutputError, match="-inf at every legal value of a masked position"):
+        decode(model, x, Sequential("confidence"))
+    model._forward = _BrokenAfter(model, 3, float("nan"))  # NaN only from the third pass: inside probing
+    with pytest.raises(NonFiniteOutputError):
+        probe_mi(model, x)
+    model._forward = _BrokenAfter(model, 2, float("nan"))
+    with pytest.raises(NonFiniteOutputError):
+        time_free_nll(model, grids_to_tokens(sd.random_solutions(1, np.random.default_rng(2))), n_samples=4, batch_size=1)
+    del model._forward  # the real forward again
+    assert decode(model, x, Sequential("confidence")).tokens.shape == x.shape

@@ -2,6 +2,7 @@
 import importlib.util
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -76,7 +77,10 @@ def test_malformed_puzzle_is_a_clean_error(puzzle, message, capsys):
     (["--rule", "top-k", "--knob", "1.5"], "integer --knob k >= 1"),
     (["--rule", "threshold", "--knob", "2"], "tau in (0, 1]"),
     (["--rule", "sequential", "--knob", "2"], "has no knob"),
-    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0 (0: argmax), got nan"),
+    (["--seed", "99999999999999999999999"], "argument --seed: must be between 0 and 2^63-1"),
+    (["--seed", "-1"], "argument --seed: must be between 0 and 2^63-1"),
 ])
 def test_bad_options_are_clean_errors(argv, message, capsys):
     code, out, err = run(["decode", PUZZLE, "--profile", "smoke", *argv], capsys)  # the last --profile wins
@@ -160,6 +164,36 @@ def test_nll_of_complete_grids(trained, capsys):
     assert code == 0 and "nats" in out and "NFE 4 forward passes" in out
     code, _, err = run(["nll", "--profile", "smoke", PUZZLE], capsys)
     assert code == 2 and "grid 1 has 51 blank cells" in err
+    code, _, err = run(["nll", "--profile", "smoke", "--samples", "100000000", strings[0]], capsys)
+    assert code == 2 and "100,000,000 mask draws" in err and "lower the number of draws" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    code, out, err = run(["nll", "--profile", "smoke", "--samples", "4", "--device", "cpu:0", strings[0]], capsys)
+    assert code == 0, err
+
+
+def test_corrupt_checkpoint_and_non_finite_output_are_one_line_errors(trained, capsys, monkeypatch):
+    from mimdm.models.zoo import profile_sudoku_mdm
+
+    path = profile_sudoku_mdm(PROFILES["smoke"], train=False, progress=False)[1]["path"]
+    good = Path(path).read_bytes()
+    try:
+        Path(path).write_bytes(good[:len(good) // 3])
+        code, _, err = run(["decode", "--profile", "smoke", PUZZLE], capsys)
+        assert code == 2 and "model.pt" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    finally:
+        Path(path).write_bytes(good)
+    from mimdm.models.sudoku import SudokuMDM
+
+    real = SudokuMDM._forward
+
+    def nan_forward(self, tokens_BL, layer):
+        out = real(self, tokens_BL, layer)
+        out.logits[:, 0, 0] = float("nan")
+        return out
+
+    monkeypatch.setattr(SudokuMDM, "_forward", nan_forward)
+    code, _, err = run(["decode", "--profile", "smoke", PUZZLE], capsys)
+    assert code == 1 and "non-finite logits" in err and "Traceback" not in err
 
 
 def test_probe_fit_head_and_mi_decoding(trained, capsys):

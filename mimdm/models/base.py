@@ -32,6 +32,11 @@ class MDMOutput:
     hidden: Tensor
 
 
+class NonFiniteOutputError(RuntimeError):
+    """A model returned NaN or +inf logits, or no possible value at a masked position: an error, never a silent
+    result (`MaskedModel.check_logits`)."""
+
+
 class MaskedModel(nn.Module):
     """Base class of every MDM in the study.
 
@@ -136,8 +141,36 @@ class MaskedModel(nn.Module):
         if self.precision == "bf16":
             with torch.autocast(self.device.type, dtype=torch.bfloat16):
                 out = self._forward(tokens_BL.long(), layer)
-            return MDMOutput(out.logits.float(), out.hidden.float())
-        return self._forward(tokens_BL.long(), layer)
+            out = MDMOutput(out.logits.float(), out.hidden.float())
+        else:
+            out = self._forward(tokens_BL.long(), layer)
+        self.check_logits(out.logits, tokens_BL)
+        return out
+
+    def check_logits(self, logits_BLV: Tensor, tokens_BL: Tensor | None = None) -> None:
+        """Refuse non-finite model output: every forward pass (`forward`) goes through it, so decoding, probing,
+        the MI head's inputs, likelihood estimates and training all stop at the first bad pass.
+
+        -inf is a valid logit (probability 0, e.g. an exact model ruling a value out), so only NaN, +inf, and a
+        masked position of ``tokens_BL`` whose legal values (`legal_values`) are all -inf (no distribution) are
+        refused.
+
+        Raises:
+            NonFiniteOutputError: NaN or +inf in ``logits_BLV`` ``[B, L, V]``, or a masked position without a
+                value of positive probability.
+        """
+        with torch.no_grad():
+            bad_BL = (torch.isnan(logits_BLV) | (logits_BLV == float("inf"))).any(-1)
+            if tokens_BL is not None:
+                legal = self.legal_values(logits_BLV.shape[1])
+                dead_BL = (logits_BLV.masked_fill(~legal, float("-inf")) == float("-inf")).all(-1)
+                bad_BL = bad_BL | (dead_BL & self.is_masked(tokens_BL))
+            if bad_BL.any():
+                n_seq = int(bad_BL.any(-1).sum())
+                raise NonFiniteOutputError(
+                    f"{type(self).__name__} returned non-finite logits (NaN, +inf, or -inf at every legal value of a "
+                    f"masked position) at {int(bad_BL.sum())} positions of {n_seq} of {logits_BLV.shape[0]} sequences; "
+                    "check the weights (a corrupted or diverged checkpoint) and the input")
 
     def _forward(self, tokens_BL: Tensor, layer: int) -> MDMOutput:  # pragma: no cover
         raise NotImplementedError
