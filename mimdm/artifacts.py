@@ -42,12 +42,72 @@ def artifact_dir(kind: str, name: str, config: dict, root: Path | None = None) -
     return d
 
 
-def atomic_save(obj, path: Path) -> None:
-    """``torch.save`` to a temporary file and rename, so an interrupted save never leaves a torn file."""
+def sidecar_path(path: Path) -> Path:
+    """``<file>.sha256``: the digest `atomic_save` records next to each file it writes."""
     path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    return path.with_name(path.name + ".sha256")
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes (read in 1 MiB blocks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_save(obj, path: Path) -> None:
+    """``torch.save`` to a temporary file of its own and rename, so an interrupted save never leaves a torn file and
+    two writers never share a temporary file; then record the file's sha256 in `sidecar_path` (checked by
+    `verify_file` and `load_checkpoint`, so bytes changed after the save are caught)."""
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        digest = file_sha256(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    atomic_write_text(sidecar_path(path), f"{digest}  {path.name}\n")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file of its own and a rename (no torn or shared temporary files)."""
+    import tempfile
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def verify_file(path: Path) -> None:
+    """Check ``path`` against the sha256 recorded by `atomic_save` (no record: nothing to check).
+
+    Raises:
+        ValueError: the file's bytes differ from the recorded digest (modified, truncated or corrupted since it was
+            written).
+    """
+    side = sidecar_path(path)
+    if not side.is_file():
+        return
+    want = side.read_text().split()[0] if side.read_text().strip() else ""
+    got = file_sha256(path)
+    if got != want:
+        raise ValueError(f"{path} does not match the sha256 recorded when it was written ({side.name}: "
+                         f"{want[:12] or 'empty'}…, file: {got[:12]}…): it was modified, truncated or corrupted; "
+                         "delete it (and its .sha256) and train again")
 
 
 #: Messages of torch.load's RuntimeErrors that mean the file itself cannot be read.
@@ -59,8 +119,8 @@ def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> dict:
 
     Raises:
         FileNotFoundError: no file at ``path`` (the message says how to produce it).
-        ValueError: the file is not a readable checkpoint (torn, truncated or not written by torch.save),
-            or ``device`` is not a device name.
+        ValueError: the file is not a readable checkpoint (torn, truncated or not written by torch.save), its bytes
+            differ from the sha256 `atomic_save` recorded (`verify_file`), or ``device`` is not a device name.
         RuntimeError: ``device`` asks for CUDA on a machine without it.
     """
     from .device import resolve_device
@@ -72,9 +132,10 @@ def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> dict:
             "or point MIMDM_ARTIFACTS at the folder that holds it."
         )
     device = resolve_device(device)
+    verify_file(path)
     try:
         return torch.load(path, map_location=device, weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as e:
         msg = str(e).partition("\n")[0][:200]
         if isinstance(e, RuntimeError) and not any(s in msg for s in _UNREADABLE):
             raise  # e.g. CUDA out of memory while loading: the file is fine

@@ -21,6 +21,7 @@ asymmetry matrices as upper triangles), small enough to ship with a trained mode
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .artifacts import artifact_dir, atomic_save
+from .artifacts import artifact_dir, atomic_save, atomic_write_text, load_checkpoint, verify_file
 from .data import sudoku as sd
 from .models.base import MaskedModel
 from .models.zoo import grids_to_tokens
@@ -161,8 +162,8 @@ def run_shards(out_dir: Path, config: dict, n_shards: int, make_shard, desc: str
     manifest = json.loads(man_path.read_text()) if man_path.exists() else {"config": config, "shards": {}}
     if manifest["config"] != config:
         raise ValueError(f"{out_dir} holds labels of another config; use a new folder")
-    for k in [k for k in manifest["shards"] if not shard_path(out_dir, int(k)).is_file()]:
-        del manifest["shards"][k]
+    for k in [k for k in manifest["shards"] if not _shard_intact(shard_path(out_dir, int(k)))]:
+        del manifest["shards"][k]  # gone, or changed since it was written: computed again
     todo = [k for k in range(n_shards) if str(k) not in manifest["shards"]]
     for done_now, k in enumerate(tqdm(todo, desc=desc, unit="shard", disable=not progress)):
         if max_new_shards is not None and done_now >= max_new_shards:
@@ -172,10 +173,21 @@ def run_shards(out_dir: Path, config: dict, n_shards: int, make_shard, desc: str
         manifest["shards"][str(k)] = {"n_contexts": int(shard["tokens"].shape[0]),
                                       "nfe": int(shard["nfe"].sum()), "seconds": float(shard["seconds"])}
         manifest["shards"] = dict(sorted(manifest["shards"].items(), key=lambda kv: int(kv[0])))
-        tmp = man_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(manifest, indent=1))
-        tmp.replace(man_path)
+        atomic_write_text(man_path, json.dumps(manifest, indent=1))
     return out_dir
+
+
+def _shard_intact(path: Path) -> bool:
+    """The shard file exists and matches the sha256 recorded when it was written (`mimdm.artifacts.verify_file`);
+    a shard that does not is reported (a warning) and recomputed."""
+    if not path.is_file():
+        return False
+    try:
+        verify_file(path)
+    except ValueError as e:
+        warnings.warn(f"recomputing a label shard: {e}", stacklevel=3)
+        return False
+    return True
 
 
 def shard_path(out_dir: Path, k: int) -> Path:
@@ -231,7 +243,7 @@ def load_labels(out_dir: Path, split: str | None = None) -> dict:
     if missing:
         raise FileNotFoundError(f"{len(missing)} shard files listed in {man} are missing (e.g. {missing[0]}); "
                                 "run the label generation again to recompute them")
-    parts = [torch.load(shard_path(out_dir, k), weights_only=True) for k in shards]
+    parts = [load_checkpoint(shard_path(out_dir, k)) for k in shards]
     out = {}
     for key in parts[0]:
         if key == "seconds":
@@ -273,7 +285,7 @@ def pack_labels(out_dir: Path) -> Path:
     for k in shards:
         if not shard_path(out_dir, k).is_file():
             raise FileNotFoundError(f"{shard_path(out_dir, k)} listed in the manifest is missing")
-        parts.append(torch.load(shard_path(out_dir, k), weights_only=True))
+        parts.append(load_checkpoint(shard_path(out_dir, k)))
         seconds.append(float(parts[-1]["seconds"]))
     L = parts[0]["tokens"].shape[1]
     iu = torch.triu_indices(L, L)
@@ -315,7 +327,7 @@ def unpack_labels(model: MaskedModel, cfg: LabelConfig, out_dir: Path) -> Path:
     path = out_dir / PACKED
     if not path.is_file():
         raise FileNotFoundError(f"no packed label set at {path}")
-    pk = torch.load(path, map_location="cpu", weights_only=True)
+    pk = load_checkpoint(path)
     if pk.get("kind") != _PACKED_KIND:
         raise ValueError(f"{path} is not a packed label set (kind={pk.get('kind')!r})")
     man = json.loads(pk["manifest"])

@@ -192,3 +192,54 @@ def test_sequential_decoding_fills_every_mask_once_and_keeps_givens():
     out = tokens_to_grids(res.tokens)
     assert np.all(out[:, p.puzzle > 0] == p.puzzle[p.puzzle > 0])
     assert sorted(res.step_of[0][res.step_of[0] >= 0].tolist()) == list(range(n_masked))
+
+
+def test_atomic_save_records_a_digest_that_catches_changed_truncated_and_torn_files(tmp_path):
+    import threading
+
+    from mimdm.artifacts import atomic_save, sidecar_path
+    from mimdm.labels import run_shards, shard_path
+
+    path = tmp_path / "m.pt"
+    atomic_save({"w": torch.arange(4000.0)}, path)
+    assert sidecar_path(path).read_text().split() == [__import__("hashlib").sha256(path.read_bytes()).hexdigest(), "m.pt"]
+    assert torch.equal(load_checkpoint(path)["w"], torch.arange(4000.0))
+    good = path.read_bytes()
+    for frac in (0.1, 0.5, 0.75):  # truncated copies
+        path.write_bytes(good[:int(len(good) * frac)])
+        with pytest.raises(ValueError, match="does not match the sha256 recorded when it was written"):
+            load_checkpoint(path)
+    bad = bytearray(good)
+    bad[len(bad) // 2:len(bad) // 2 + 64] = bytes(64)  # 64 overwritten bytes: torch would load them silently
+    path.write_bytes(bytes(bad))
+    with pytest.raises(ValueError, match="m.pt does not match the sha256"):
+        load_checkpoint(path)
+    # two writers of one file never share a temporary file; the last one wins, intact
+    errors = []
+
+    def write(v):
+        try:
+            for _ in range(5):
+                atomic_save({"w": torch.full((20000,), float(v))}, path)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(v,)) for v in (1, 2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors and load_checkpoint(path)["w"][0].item() in (1.0, 2.0)
+    assert not list(tmp_path.glob("*.tmp"))
+    # a label shard changed after it was written is recomputed, with a warning, not counted as finished
+    calls = []
+
+    def make(k):
+        calls.append(k)
+        return {"tokens": torch.full((2, 3), k), "nfe": torch.ones(2, dtype=torch.long), "seconds": 0.0,
+                "source_id": torch.tensor([k, k])}
+
+    out = tmp_path / "labels"
+    run_shards(out, {"c": 1}, 2, make, progress=False)
+    shard_path(out, 1).write_bytes(shard_path(out, 1).read_bytes()[:100])
+    with pytest.warns(UserWarning, match="recomputing a label shard"):
+        run_shards(out, {"c": 1}, 2, make, progress=False)
+    assert calls == [0, 1, 1] and torch.equal(load_checkpoint(shard_path(out, 1))["tokens"], torch.full((2, 3), 1))

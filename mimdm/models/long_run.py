@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..artifacts import atomic_save
+from ..artifacts import atomic_save, load_checkpoint
 from ..data import sudoku as sd
 from .curriculum import CurriculumConfig, curriculum_batch, load_or_build_pool
 from .sudoku import SudokuMDM, SudokuMDMConfig
@@ -176,7 +176,7 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
     def state_step() -> tuple[int, list[dict]]:
         if not state_path.exists():
             return 0, []
-        st = torch.load(state_path, map_location="cpu", weights_only=True)
+        st = load_checkpoint(state_path)
         return int(st["step"]), json.loads(st["log"])
 
     def evaluate(step: int, log: list[dict]) -> None:
@@ -200,7 +200,7 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
 
     step, log = state_step()
     if step:  # a run stopped right after a checkpoint at an evaluation step: evaluate it now
-        model.load_state_dict(torch.load(state_path, map_location="cpu", weights_only=True)["model"])
+        model.load_state_dict(load_checkpoint(state_path)["model"])
         if step % eval_every == 0 or step == train_cfg.steps:
             evaluate(step, log)
     while step < train_cfg.steps:
@@ -258,7 +258,7 @@ def adopt(state_dir: Path, n_eval: int, root: Path | None = None) -> Path:
     model_cfg, train_cfg = SudokuMDMConfig(**cfg["model"]), TrainConfig(**cfg["train"])
     cur = cfg["curriculum"]
     curriculum = CurriculumConfig(**{**cur, "clues": tuple(cur["clues"])})
-    ck = torch.load(src, map_location="cpu", weights_only=True)
+    ck = load_checkpoint(src)
     model, _ = load_sudoku_mdm(src)
     ev = solve_rate(model, n_eval)
     trained_on = {**json.loads(ck["trained_on"]), "curve": read_curve(state_dir / "curve.jsonl"),

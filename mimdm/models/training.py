@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..artifacts import atomic_save
+from ..artifacts import atomic_save, load_checkpoint
 from .base import MaskedModel
 
 
@@ -232,7 +232,7 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
     step, log, elapsed, window_loss = 0, [], 0.0, []
     best = {"val": math.inf, "step": 0, "model": None, "bad": 0}  # early stopping (val_fn)
     if state_path.exists():
-        st = torch.load(state_path, map_location="cpu", weights_only=True)
+        st = load_checkpoint(state_path)
         stored = json.loads(st["train_config"])
         if stored != cfg.to_dict():
             only_steps = {**stored, "steps": cfg.steps} == cfg.to_dict()
