@@ -84,6 +84,20 @@ def test_speedup_scoring_and_tables():
     assert grids == {p.puzzle.tobytes() for p in pool}  # the 8 hardest of the same candidates, split
     with pytest.raises(ValueError, match="n_dev and n_test must be >= 1"):
         sp.hard_puzzle_split(0, 5, (30, 31), 7)
+    from dataclasses import replace
+
+    from mimdm.profiles import get_profile
+
+    P = replace(get_profile("smoke"), dev_puzzles=2, hard_puzzles=3, hard_clues=(30, 31), generation_contexts=2)
+    d1, t1, g1 = sp.chapter_sets(P, seed=3)
+    d2, t2, g2 = sp.chapter_sets(P, seed=3)
+    assert [p.puzzle.tobytes() for p in d1 + t1] == [p.puzzle.tobytes() for p in d2 + t2] and (g1 == g2).all()
+    assert (len(d1), len(t1), len(g1)) == (2, 3, 2) and not {p.puzzle.tobytes() for p in d1} & {p.puzzle.tobytes() for p in t1}
+    torch.manual_seed(0)
+    untrained = SudokuMDM(SudokuMDMConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32)).eval()
+    ref = sp.sequential_solve_rate(untrained, t1)  # a random model solves none; sequential: one pass per blank
+    assert ref["n"] == 3 and ref["solve_rate"] == 0.0 and (ref["ci_low"], ref["ci_high"]) == sp.rate_interval(0.0, 3)
+    assert ref["nfe"] == pytest.approx(np.mean([81 - p.n_clues for p in t1]))
     ctx = sp.generation_contexts(4, 3, rng)
     assert ((ctx > 0).sum(1) <= 3).all()
     g = sp.score_generation(grids_to_tokens(sd.random_solutions(4, rng)), np.zeros((4, 81), np.int8))
@@ -224,6 +238,25 @@ def test_per_item_outcomes_feed_paired_matched_and_oracle_rows():
     assert gap[0]["solve_rate_gap"] == pytest.approx(0.3) and gap[0]["mcnemar_p"] == pytest.approx(2 / 2 ** 6)
 
 
+def test_nfe_reduction_interval_is_paired_over_items():
+    from mimdm.experiments import speedup as sp
+
+    # one item costs sequential 100 passes and the rule 10, the others 50 and 25: the ratio of means moves with
+    # how often the first item is drawn; pairing keeps each item's two costs together
+    ref, rule = np.array([100.0] + [50.0] * 9), np.array([10.0] + [25.0] * 9)
+    lo, hi = sp.nfe_reduction_interval(ref, rule, seed=1)
+    ratio = ref.mean() / rule.mean()
+    assert lo < ratio < hi and lo >= 2.0 - 1e-9 and hi <= 100 / 10
+    assert sp.nfe_reduction_interval(ref, rule, seed=1) == (lo, hi)  # seeded
+    # perfectly proportional costs: every resample gives the same ratio
+    assert sp.nfe_reduction_interval(ref, ref / 2.5, seed=1) == pytest.approx((2.5, 2.5))
+    assert all(math.isnan(x) for x in sp.nfe_reduction_interval([60.0], [15.0]))
+    with pytest.raises(ValueError, match="positive"):
+        sp.nfe_reduction_interval([60.0, 0.0], [15.0, 15.0])
+    with pytest.raises(ValueError, match="one length"):
+        sp.nfe_reduction_interval([60.0, 50.0], [15.0])
+
+
 def test_settings_chosen_on_dev_are_reported_on_held_out_items():
     from mimdm.experiments import speedup as sp
 
@@ -277,6 +310,11 @@ def test_settings_chosen_on_dev_are_reported_on_held_out_items():
     assert "no setting was carried" in sp.held_out_verdict(rep[:2])
     worse = [{**r, "paired_ci_high": -0.02} if r["rule"] == "MI-guided" else r for r in rep]
     assert "to -2.0: lower)" in sp.held_out_verdict(worse)
+    assert math.isnan(rep[2]["nfe_reduction_ci_low"])  # rows without per-item NFE
+    nfe_rep = sp.report_held_out([{**test[0], "nfe_items": np.full(10, 60.0)},
+                                  {**test[2], "nfe_items": np.full(10, 15.0)}], "solve_rate")
+    assert (nfe_rep[1]["nfe_reduction_ci_low"], nfe_rep[1]["nfe_reduction_ci_high"]) == (4.0, 4.0)
+    assert "4.00× fewer passes than sequential decoding (paired 95% interval 4.00-4.00×)" in sp.held_out_verdict(nfe_rep)
     with pytest.raises(ValueError, match="per-item outcomes"):
         sp.report_held_out([row("sequential", nan, 60, 0.8)], "solve_rate")
     with pytest.raises(ValueError, match="sequential decoding as the reference"):

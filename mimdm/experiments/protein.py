@@ -1029,7 +1029,8 @@ def _decoding_summary(rows_inf, rows_gen, kept, hmm, thr, family, rows_or, n_or)
 
     mq_gen = matched_generation(rows_gen)
     mq_inf = matched_infilling(rows_inf)
-    strip = lambda rows: [{k2: v for k2, v in r.items() if k2 != "per_item"} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k2: v for k2, v in r.items() if k2 != "per_item" and not k2.endswith("_items")}  # noqa: E731
+                          for r in rows]
     neg = [{**r, "neg_nll": -r["nll"]} for r in strip(rows_gen)]
     bud_gen = quality_at_budget(neg, "neg_nll", nfe_budgets(neg))
     bud_bits = quality_at_budget(neg, "bit_score", nfe_budgets(neg))

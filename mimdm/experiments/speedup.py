@@ -63,6 +63,31 @@ def generation_contexts(n: int, max_clues: int, rng) -> np.ndarray:
     return np.stack([sd.random_partial(s, int(rng.integers(0, max_clues + 1)), rng) for s in sols])
 
 
+def chapter_sets(profile, seed: int = 0) -> tuple[list[sd.Puzzle], list[sd.Puzzle], np.ndarray]:
+    """Chapter 5's evaluation sets for a profile and seed: development and held-out hard puzzles, generation contexts.
+
+    ``hard_puzzle_split(profile.dev_puzzles, profile.hard_puzzles, profile.hard_clues)`` then
+    ``generation_contexts(profile.generation_contexts, profile.generation_max_clues)``, both from one generator
+    seeded with ``seed + 50``: chapter 1 measures the sequential solve rate on the same held-out puzzles.
+
+    Returns:
+        ``(dev_puzzles, test_puzzles, generation_contexts [n, 81])``.
+    """
+    rng = np.random.default_rng(seed + 50)
+    dev, test = hard_puzzle_split(profile.dev_puzzles, profile.hard_puzzles, profile.hard_clues, rng)
+    return dev, test, generation_contexts(profile.generation_contexts, profile.generation_max_clues, rng)
+
+
+def sequential_solve_rate(model: MaskedModel, puzzles: list[sd.Puzzle], confidence: float = 0.95) -> dict:
+    """Sequential (confidence-ordered, argmax) decoding of ``puzzles``: ``{"n", "solve_rate", "ci_low", "ci_high"
+    (Wilson, `rate_interval`), "nfe" (mean passes per puzzle)}``."""
+    out = decode(model, grids_to_tokens(np.stack([p.puzzle for p in puzzles]), model.device), Sequential("confidence"))
+    res = score_solving(out.tokens, puzzles)
+    lo, hi = rate_interval(res["solve_rate"], len(puzzles), confidence)
+    return {"n": len(puzzles), "solve_rate": res["solve_rate"], "ci_low": lo, "ci_high": hi,
+            "nfe": float(out.nfe.float().mean())}
+
+
 def items_key(metric: str) -> str:
     """Row key of the per-item outcomes of ``metric`` (0/1 per puzzle or grid, in input order):
     ``"solve_rate_items"`` from `score_solving`, ``"valid_rate_items"`` from `score_generation` (with
@@ -231,9 +256,10 @@ def sweep(model: MaskedModel, tokens: torch.Tensor, rules, score, temperature: f
           progress: bool = False) -> list[dict]:
     """Decode ``tokens`` with every rule; ``score(out_tokens) -> dict`` of quality numbers.
 
-    Returns rows ``{"rule", "knob", "entropy_cap", "mi_budget", "nfe", "head_passes", "probe_passes", "seconds",
-    **quality}`` (NFE and extra passes per sequence, seconds per sequence; ``entropy_cap`` and ``mi_budget`` in nats
-    for MI-guided rules, None when unlimited or not applicable).
+    Returns rows ``{"rule", "knob", "entropy_cap", "mi_budget", "nfe", "nfe_items", "head_passes", "probe_passes",
+    "seconds", **quality}`` (NFE and extra passes per sequence, seconds per sequence; ``nfe_items`` the ``[N]`` NFE of
+    each sequence, dropped by `drop_items`; ``entropy_cap`` and ``mi_budget`` in nats for MI-guided rules, None when
+    unlimited or not applicable).
     """
     from tqdm.auto import tqdm
 
@@ -243,7 +269,7 @@ def sweep(model: MaskedModel, tokens: torch.Tensor, rules, score, temperature: f
     for name, knob, rule in tqdm(rules, desc="decode sweep", disable=not progress):
         out = decode(model, tokens, rule, temperature=temperature, seed=seed)
         rows.append({"rule": name, "knob": knob, "entropy_cap": entropy_cap_of(rule), "mi_budget": mi_budget_of(rule),
-                     "nfe": float(out.nfe.float().mean()),
+                     "nfe": float(out.nfe.float().mean()), "nfe_items": out.nfe.cpu().numpy(),
                      "head_passes": out.extra_passes.get("head_passes", 0) / n,
                      "probe_passes": out.extra_passes.get("probe_passes", 0) / n,
                      "seconds": out.seconds / n, **score(out.tokens)})
@@ -425,6 +451,39 @@ def chosen_rules(selected: list[dict], rules: list[tuple[str, float, object]]) -
     return out
 
 
+def nfe_reduction_interval(reference_nfe, rule_nfe, confidence: float = 0.95, n_resamples: int = 9999,
+                           seed: int = 0) -> tuple[float, float]:
+    """Paired percentile-bootstrap interval of an NFE reduction, mean(reference NFE) / mean(rule NFE).
+
+    Both rules decoded the same items, so items are resampled together (`scipy.stats.bootstrap`, ``paired=True``).
+
+    Args:
+        reference_nfe, rule_nfe: ``[N]`` forward passes per item of the reference (sequential) and of the rule.
+
+    Returns:
+        ``(low, high)``; both equal the reduction when every resample gives the same ratio; NaN for one item.
+
+    Raises:
+        ValueError: different lengths, no items, or a non-positive NFE.
+    """
+    from scipy.stats import bootstrap
+
+    a, b = np.asarray(reference_nfe, np.float64), np.asarray(rule_nfe, np.float64)
+    if a.shape != b.shape or a.ndim != 1 or len(a) == 0:
+        raise ValueError(f"need two non-empty 1-D NFE vectors of one length, got shapes {a.shape} and {b.shape}")
+    if (a <= 0).any() or (b <= 0).any():
+        raise ValueError("NFE must be positive for every item")
+    if len(a) < 2:
+        return math.nan, math.nan
+    ratio = a.mean() / b.mean()
+    if np.all(a == a[0]) and np.all(b == b[0]):
+        return float(ratio), float(ratio)
+    ci = bootstrap((a, b), lambda x, y: x.mean() / y.mean(), paired=True, vectorized=False,
+                   confidence_level=confidence, n_resamples=n_resamples, method="percentile",
+                   rng=np.random.default_rng(seed)).confidence_interval
+    return float(ci.low), float(ci.high)
+
+
 def report_held_out(test_rows: list[dict], metric: str, confidence: float = 0.95) -> list[dict]:
     """Each chosen setting on held-out items against sequential decoding on the same items.
 
@@ -434,9 +493,11 @@ def report_held_out(test_rows: list[dict], metric: str, confidence: float = 0.95
 
     Returns:
         Rows ``{"rule", "knob", "entropy_cap", "mi_budget", metric, "<metric>_ci_low", "<metric>_ci_high" (Wilson),
-        "nfe", "nfe_reduction", "wallclock_reduction", "paired_difference", "paired_ci_low", "paired_ci_high",
-        "mcnemar_p"}`` (reductions: sequential over the rule; the paired comparison is the rule minus sequential,
-        now unconditional since the setting was chosen on other items).
+        "nfe", "nfe_reduction", "nfe_reduction_ci_low", "nfe_reduction_ci_high", "wallclock_reduction",
+        "paired_difference", "paired_ci_low", "paired_ci_high", "mcnemar_p"}`` (reductions: sequential over the rule,
+        the NFE reduction's interval paired over items (`nfe_reduction_interval`; NaN without ``nfe_items``), the
+        wall-clock one a single timed run of the whole batch; the paired comparison is the rule minus sequential, now
+        unconditional since the setting was chosen on other items).
 
     Raises:
         ValueError: no sequential row, or rows without per-item outcomes.
@@ -453,9 +514,12 @@ def report_held_out(test_rows: list[dict], metric: str, confidence: float = 0.95
         lo, hi = rate_interval(r[metric], n, confidence)
         c = paired_comparison(r[ik], seq[ik], confidence) if r is not seq else \
             {"difference": 0.0, "ci_low": 0.0, "ci_high": 0.0, "mcnemar_p": 1.0}
+        nlo, nhi = (nfe_reduction_interval(seq["nfe_items"], r["nfe_items"], confidence)
+                    if "nfe_items" in r and "nfe_items" in seq else (math.nan, math.nan))
         out.append({"rule": r["rule"], "knob": r["knob"], "entropy_cap": r.get("entropy_cap"),
                     "mi_budget": r.get("mi_budget"), metric: r[metric], f"{metric}_ci_low": lo, f"{metric}_ci_high": hi,
-                    "n": n, "nfe": r["nfe"], "nfe_reduction": seq["nfe"] / r["nfe"],
+                    "n": n, "nfe": r["nfe"], "nfe_reduction": seq["nfe"] / r["nfe"], "nfe_reduction_ci_low": nlo,
+                    "nfe_reduction_ci_high": nhi,
                     "wallclock_reduction": seq["seconds"] / r["seconds"], "paired_difference": c["difference"],
                     "paired_ci_low": c["ci_low"], "paired_ci_high": c["ci_high"], "mcnemar_p": c["mcnemar_p"]})
     return out
@@ -542,6 +606,8 @@ def held_out_verdict(held_out: list[dict], claim: tuple[float, float] = (3.0, 5.
             word = "trades passes for solve rate against"
         parts.append(f"{word} {name} ({mg['nfe']:.1f} vs {x['nfe']:.1f} passes, "
                      f"{100 * mg['solve_rate']:.1f}% vs {100 * x['solve_rate']:.1f}% solved)")
+    ci = ("" if math.isnan(mg.get("nfe_reduction_ci_low", math.nan)) else
+          f" (paired 95% interval {mg['nfe_reduction_ci_low']:.2f}-{mg['nfe_reduction_ci_high']:.2f}×)")
     return (f"On {mg['n']:,} held-out hard puzzles, MI-guided decoding at the setting chosen on the development set "
-            f"needs {red:.2f}× fewer passes than sequential decoding, {vs_claim}, with {quality}; {wall}. "
+            f"needs {red:.2f}× fewer passes than sequential decoding{ci}, {vs_claim}, with {quality}; {wall}. "
             f"Against the other rules' chosen settings it " + "; ".join(parts) + ".")
