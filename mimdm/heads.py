@@ -188,21 +188,29 @@ class MIHead(nn.Module):
         self.tri_weight = nn.Parameter(torch.zeros(c.tri_channels if c.tri_rounds else 0))
         self.out_bias = nn.Parameter(torch.tensor(float(c.out_bias)))
 
-    def _forward_bilinear(self, hidden_BLD: Tensor, pairs_BLL: Tensor, entropy_BL: Tensor | None) -> Tensor:
-        """The ``pairs="bilinear"`` head on every pair at once; ``pairs_BLL``: the masked pairs i != j."""
+    def _forward_bilinear(self, hidden_BLD: Tensor, pairs_BLL: Tensor, entropy_BL: Tensor | None,
+                          positions_BL: Tensor | None = None, length: int | None = None) -> Tensor:
+        """The ``pairs="bilinear"`` head on every pair at once; ``pairs_BLL``: the masked pairs i != j.
+
+        ``positions_BL``: the sequence position of each of the L rows when they are a gathered subset (the masked
+        positions, `forward`); None: rows are positions 0..L-1. ``length``: the full sequence length that scales the
+        two-hop sum (default L)."""
         c = self.config
         B, L, _ = hidden_BLD.shape
         C = c.channels
         a = self.feat(self.norm(hidden_BLD.float())).view(B, L, C, c.rank).transpose(1, 2)  # [B, C, L, r]
         a = a * c.rank ** -0.25  # so that a_i · a_j carries the 1/√rank
         G = a @ a.transpose(-1, -2)  # [B, C, L, L]
-        if c.pos_dim and c.positions == "absolute":
+        if c.pos_dim and c.positions == "absolute" and positions_BL is not None:
+            e = self.pos[positions_BL].permute(0, 2, 1, 3)  # [B, C, L, p/C]
+            G += e @ e.transpose(-1, -2) + self.bias[:, None, None]
+        elif c.pos_dim and c.positions == "absolute":
             e = self.pos[:L].transpose(0, 1)  # [C, L, p/C]
             G += e @ e.transpose(-1, -2) + self.bias[:, None, None]
         elif c.pos_dim:
-            idx = torch.arange(L, device=G.device)
-            G += self.pos[(idx[None, :] - idx[:, None]).abs().clamp_max(c.max_len - 1)].permute(2, 0, 1) \
-                + self.bias[:, None, None]
+            idx = torch.arange(L, device=G.device)[None] if positions_BL is None else positions_BL  # [B or 1, L]
+            sep = (idx[:, None, :] - idx[:, :, None]).abs().clamp_max(c.max_len - 1)  # [B or 1, L, L]
+            G += self.pos[sep].permute(0, 3, 1, 2) + self.bias[:, None, None]
         else:
             G += self.bias[:, None, None]
         G = F.silu(G, inplace=not torch.is_grad_enabled())  # [B, C, L, L]
@@ -214,7 +222,7 @@ class MIHead(nn.Module):
         k = self.tri_weight.numel()
         if k:
             Gm = G[:, :k] * pairs_BLL[:, None].to(G.dtype)
-            s = s + (self.tri_weight @ (Gm @ Gm).view(B, k, L * L)).view(B, L, L) / math.sqrt(L)
+            s = s + (self.tri_weight @ (Gm @ Gm).view(B, k, L * L)).view(B, L, L) / math.sqrt(length or L)
         if c.bound == "none":
             mi = F.softplus(s)
         else:
@@ -223,6 +231,30 @@ class MIHead(nn.Module):
             mi = {"min": torch.minimum(ei, ej), "mean": (ei + ej) / 2, "max": torch.maximum(ei, ej)}[c.bound] * torch.sigmoid(s)
         mi = mi * pairs_BLL
         return (mi + mi.transpose(1, 2)) / 2
+
+    def _bilinear_masked(self, hidden_BLD: Tensor, masked_BL: Tensor, entropy_BL: Tensor | None) -> Tensor:
+        """The bilinear head on the masked rows only: every sequence's masked positions are gathered (in order,
+        padded to the batch's largest count Lm), the [B, C, Lm, Lm] head runs on them and the result is scattered
+        back into [B, L, L]; the same values as on all L rows (unmasked rows contribute nothing) at (Lm/L)² of
+        the cost."""
+        B, L, _ = hidden_BLD.shape
+        dev = hidden_BLD.device
+        Lm = int(masked_BL.sum(1).max()) if B else 0
+        if Lm == L or B == 0:
+            pm = masked_BL[:, :, None] & masked_BL[:, None, :] & ~torch.eye(L, dtype=torch.bool, device=dev)
+            return self._forward_bilinear(hidden_BLD, pm, entropy_BL)
+        out = hidden_BLD.new_zeros(B, L, L, dtype=torch.float32)
+        if Lm < 2:
+            if torch.is_grad_enabled():  # keep the graph connected to every parameter (DDP needs each one's gradient)
+                out = out + 0.0 * sum(p.sum() for p in self.parameters())
+            return out
+        idx = torch.argsort((~masked_BL).to(torch.int8), dim=1, stable=True)[:, :Lm]  # masked positions first
+        sub_m = masked_BL.gather(1, idx)  # [B, Lm]
+        pm = sub_m[:, :, None] & sub_m[:, None, :] & ~torch.eye(Lm, dtype=torch.bool, device=dev)
+        h = hidden_BLD.gather(1, idx[..., None].expand(B, Lm, hidden_BLD.shape[-1]))
+        e = None if entropy_BL is None else entropy_BL.to(dev).gather(1, idx)
+        sub = self._forward_bilinear(h, pm, e, positions_BL=idx, length=L)  # [B, Lm, Lm]
+        return out.index_put((torch.arange(B, device=dev)[:, None, None], idx[:, :, None], idx[:, None, :]), sub)
 
     def n_parameters(self) -> int:
         """Number of trainable parameters."""
@@ -269,12 +301,12 @@ class MIHead(nn.Module):
         dev = hidden_BLD.device
         masked_BL = masked_BL.to(dev)
         if c.pairs == "bilinear":
-            pm = masked_BL[:, :, None] & masked_BL[:, None, :] & ~torch.eye(L, dtype=torch.bool, device=dev)
+            out = self._bilinear_masked(hidden_BLD, masked_BL, entropy_BL)
             if candidates_BL is not None:
                 cand = candidates_BL.to(dev, torch.bool) & masked_BL
                 cand = cand & (cand.sum(1, keepdim=True) >= 2)
-                return self._forward_bilinear(hidden_BLD, pm, entropy_BL) * (cand[:, :, None] & cand[:, None, :])
-            return self._forward_bilinear(hidden_BLD, pm, entropy_BL)
+                return out * (cand[:, :, None] & cand[:, None, :])
+            return out
         pairs = masked_BL[:, :, None] & masked_BL[:, None, :] & torch.ones(L, L, dtype=torch.bool, device=dev).triu(1)
         keep = None  # [B, L, L]: the pairs whose value is returned (None: all masked pairs)
         if candidates_BL is not None:

@@ -381,6 +381,18 @@ def test_bilinear_head_equals_its_definition_and_is_cheap_to_configure():
                              pairs="bilinear"))
     out = rel(torch.randn(1, 30, 16), torch.ones(1, 30, dtype=torch.bool), torch.ones(1, 30))
     assert out.shape == (1, 30, 30) and torch.allclose(out, out.mT)
+    # the head runs on the gathered masked rows only: the same values as on all L rows
+    with torch.no_grad():
+        rel.tri_weight.copy_(torch.tensor([0.5, -0.3]))
+        hh, ee = torch.randn(3, 30, 16), torch.rand(3, 30)
+        mm = torch.rand(3, 30) < 0.5
+        mm[1] = False
+        mm[1, 7] = True  # a sequence with a single masked position: no pair
+        for hd in (rel, mixed):
+            hh_, mm_, ee_ = (hh, mm, ee) if hd is rel else (hh[:, :9], mm[:, :9], ee[:, :9])
+            L_ = hh_.shape[1]
+            full = hd._forward_bilinear(hh_, mm_[:, :, None] & mm_[:, None, :] & ~torch.eye(L_, dtype=torch.bool), ee_)
+            assert torch.allclose(hd(hh_, mm_, ee_), full, atol=1e-6) and not hd(hh_, mm_, ee_)[1].any()
     with pytest.raises(ValueError, match=r"pos_dim \(10\) must be a multiple of channels \(4\)"):
         MIHead(MIHeadConfig(16, channels=4, pos_dim=10, pairs="bilinear"))
     with pytest.raises(ValueError, match="at most one two-hop round on at most channels=4"):
