@@ -224,3 +224,16 @@ def test_ship_sudoku_with_heads_ships_labels_and_heads_that_reproduce(roots, mon
     assert load_or_build_labels(model, rec["path"], P.labels, progress=False) == labels_dir  # unpacked, not probed
     after = load_labels(labels_dir)
     assert all(torch.equal(before[k], after[k]) for k in before if isinstance(before[k], torch.Tensor))
+
+
+def test_ablation_slot_names_are_folder_safe_and_distinct():
+    from mimdm.experiments.mi_head import ablation_configs
+    from mimdm.experiments.ship import slot_name
+    from mimdm.profiles import get_profile
+
+    assert slot_name("layer -1") == "layer_-1" and slot_name("layer 1") == "layer_1"
+    assert slot_name("gathered pair network (earlier head)") == "gathered_pair_network_earlier_head"
+    for arch in ({}, {"pairs": "bilinear"}):
+        names = list(ablation_configs(dataclasses.replace(get_profile("cpu"), head_arch=arch)))
+        slots = [slot_name(n) for n in names]
+        assert len(set(slots)) == len(names) and all(s.replace("_", "").replace("-", "").isalnum() for s in slots)

@@ -127,6 +127,14 @@ def labels_evaluation(path: Path) -> dict:
     return {"n_contexts": int(pk["tokens"].shape[0]), "mi_sum": float(pk["mi_triu"].double().sum())}
 
 
+def slot_name(name: str) -> str:
+    """A folder-safe slot name: lower case, runs of characters other than letters, digits and ``-`` as one ``_``
+    ("layer -1" -> "layer_-1", "loss mse" -> "loss_mse")."""
+    import re
+
+    return re.sub(r"[^a-z0-9-]+", "_", name.lower()).strip("_")
+
+
 def ship_sudoku(profile, device="cpu", heads: bool = False, progress: bool = True) -> list[Path]:
     """Ship the profile's Sudoku MDM from the artifact cache (trained there by `mimdm.models.zoo.profile_sudoku_mdm`,
     or adopted from the long run by `mimdm.models.long_run.adopt`) as slot ``sudoku_mdm``; with ``heads`` also its
@@ -146,6 +154,7 @@ def ship_sudoku(profile, device="cpu", heads: bool = False, progress: bool = Tru
     curve = (rec.get("trained_on") or {}).get("curve")
     if curve:
         measured["curve_last"] = curve[-1]
+        minutes = round(curve[-1]["seconds"] / 60, 2)  # the long run's training time over all its sessions
     dirs = [shipped.ship(src, profile.name, "sudoku_mdm", ["model.pt"],
                          {"reproduce": {"solve": sudoku_evaluation(model)}, "measured": measured}, minutes,
                          (rec.get("trained_on") or {}).get("long_run", {}).get("started_from_commit") or git_commit(),
@@ -164,7 +173,7 @@ def ship_sudoku(profile, device="cpu", heads: bool = False, progress: bool = Tru
                                  v["nfe"] for v in man["shards"].values())}}, probe_minutes, git_commit(),
                              extra={"torch": torch.__version__, "kind": "labels"}))
     todo = [("sudoku_mi_head", prep["head"], prep["head_record"])] + [
-        (f"sudoku_head_{name}", h, r) for name, (h, r, _) in prep["ablations"].items()]
+        (f"sudoku_head_{slot_name(name)}", h, r) for name, (h, r, _) in prep["ablations"].items()]
     for slot, head, hrec in todo:
         log = hrec.get("log") or []
         layer = hrec["train_config"]["layer"]
@@ -248,4 +257,4 @@ def ship_protein(profile, device="cpu", progress: bool = True) -> list[Path]:
 
 __all__ = ["FINGERPRINT_RATES", "SUDOKU_EVAL_PUZZLES", "SUDOKU_FINGERPRINT_CONTEXTS", "head_fingerprint",
            "labels_evaluation", "potts_evaluation", "protein_slots", "reproduce", "ship_protein", "ship_sudoku",
-           "sudoku_evaluation", "sudoku_head_fingerprint"]
+           "slot_name", "sudoku_evaluation", "sudoku_head_fingerprint"]
