@@ -64,7 +64,7 @@ def test_constraint_recovery_of_graph_shaped_maps():
     assert sum(r["n_contexts"] for r in rows) == 6 and all(r["pred_auroc"] == 1.0 for r in rows)
 
 
-def test_speedup_scoring_and_tables():
+def test_speedup_scoring_and_tables(tmp_path):
     from mimdm.experiments import speedup as sp
     from mimdm.models.zoo import grids_to_tokens
 
@@ -89,9 +89,14 @@ def test_speedup_scoring_and_tables():
     from mimdm.profiles import get_profile
 
     P = replace(get_profile("smoke"), dev_puzzles=2, hard_puzzles=3, hard_clues=(30, 31), generation_contexts=2)
-    d1, t1, g1 = sp.chapter_sets(P, seed=3)
-    d2, t2, g2 = sp.chapter_sets(P, seed=3)
-    assert [p.puzzle.tobytes() for p in d1 + t1] == [p.puzzle.tobytes() for p in d2 + t2] and (g1 == g2).all()
+    d1, t1, g1 = sp.chapter_sets(P, seed=3, root=tmp_path)
+    d2, t2, g2 = sp.chapter_sets(P, seed=3, root=tmp_path)  # from the cache: the same puzzles, solutions and ratings
+    assert len(list(tmp_path.glob("puzzle_sets/*/sets.npz"))) == 1
+    assert [(p.puzzle.tobytes(), p.solution.tobytes(), p.n_clues, p.difficulty) for p in d1 + t1] == \
+        [(p.puzzle.tobytes(), p.solution.tobytes(), p.n_clues, p.difficulty) for p in d2 + t2] and (g1 == g2).all()
+    assert not d2[0].puzzle.flags.writeable
+    d3, t3, _ = sp.chapter_sets(P, seed=3, root=tmp_path / "fresh")  # made again: the same sets
+    assert [p.puzzle.tobytes() for p in d3 + t3] == [p.puzzle.tobytes() for p in d1 + t1]
     assert (len(d1), len(t1), len(g1)) == (2, 3, 2) and not {p.puzzle.tobytes() for p in d1} & {p.puzzle.tobytes() for p in t1}
     torch.manual_seed(0)
     untrained = SudokuMDM(SudokuMDMConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32)).eval()

@@ -9,6 +9,7 @@ whose quality is within a tolerance of one-at-a-time decoding.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import torch
@@ -63,19 +64,44 @@ def generation_contexts(n: int, max_clues: int, rng) -> np.ndarray:
     return np.stack([sd.random_partial(s, int(rng.integers(0, max_clues + 1)), rng) for s in sols])
 
 
-def chapter_sets(profile, seed: int = 0) -> tuple[list[sd.Puzzle], list[sd.Puzzle], np.ndarray]:
+def chapter_sets(profile, seed: int = 0, root=None) -> tuple[list[sd.Puzzle], list[sd.Puzzle], np.ndarray]:
     """Chapter 5's evaluation sets for a profile and seed: development and held-out hard puzzles, generation contexts.
 
     ``hard_puzzle_split(profile.dev_puzzles, profile.hard_puzzles, profile.hard_clues)`` then
     ``generation_contexts(profile.generation_contexts, profile.generation_max_clues)``, both from one generator
-    seeded with ``seed + 50``: chapter 1 measures the sequential solve rate on the same held-out puzzles.
+    seeded with ``seed + 50``: chapter 1 measures the sequential solve rate on the same held-out puzzles. Making
+    1,200 hard puzzles takes about a minute, so the sets are cached in the artifact folder (``puzzle_sets/``, keyed
+    by these settings and the grid generator's id; ``root`` overrides the artifact root).
 
     Returns:
         ``(dev_puzzles, test_puzzles, generation_contexts [n, 81])``.
     """
+    from ..artifacts import artifact_dir
+
+    key = {"n_dev": profile.dev_puzzles, "n_test": profile.hard_puzzles, "clues": list(profile.hard_clues),
+           "seed": seed + 50, "oversample": 2, "generation": [profile.generation_contexts, profile.generation_max_clues],
+           "data": sd.GENERATOR_ID}
+    path = artifact_dir("puzzle_sets", "chapter5", key, root) / "sets.npz"
+    if path.is_file():
+        with np.load(path, allow_pickle=False) as z:
+            def puzzles(tag):
+                out = []
+                for p, s, c, d in zip(z[f"{tag}_puzzle"], z[f"{tag}_solution"], z[f"{tag}_clues"], z[f"{tag}_difficulty"]):
+                    p.flags.writeable = s.flags.writeable = False
+                    out.append(sd.Puzzle(p, s, int(c), int(d)))
+                return out
+            return puzzles("dev"), puzzles("test"), z["generation"].copy()
     rng = np.random.default_rng(seed + 50)
     dev, test = hard_puzzle_split(profile.dev_puzzles, profile.hard_puzzles, profile.hard_clues, rng)
-    return dev, test, generation_contexts(profile.generation_contexts, profile.generation_max_clues, rng)
+    gen = generation_contexts(profile.generation_contexts, profile.generation_max_clues, rng)
+    arrays = {"generation": gen}
+    for tag, ps in (("dev", dev), ("test", test)):
+        arrays.update({f"{tag}_puzzle": np.stack([p.puzzle for p in ps]), f"{tag}_solution": np.stack([p.solution for p in ps]),
+                       f"{tag}_clues": np.array([p.n_clues for p in ps]), f"{tag}_difficulty": np.array([p.difficulty for p in ps])})
+    tmp = path.with_name(f"sets.{os.getpid()}.tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+    return dev, test, gen
 
 
 def sequential_solve_rate(model: MaskedModel, puzzles: list[sd.Puzzle], confidence: float = 0.95) -> dict:
