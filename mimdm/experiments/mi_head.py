@@ -142,8 +142,14 @@ def calibration(pred_pairs: np.ndarray, true_pairs: np.ndarray, n_bins: int = 12
 
 
 @torch.no_grad()
-def head_cost(model: MaskedModel, head: MIHead, batch: int = 64, repeats: int = 3, layer: int = -1) -> dict:
-    """Seconds per context of one MDM forward, of the head pass, and of probing (same contexts: 75% masked)."""
+def head_cost(model: MaskedModel, head: MIHead, batch: int = 64, repeats: int = 3, layer: int = -1,
+              probing: bool = True) -> dict:
+    """Seconds per context of one MDM forward, of the head pass, and of probing (same contexts: 75% masked).
+
+    Returns ``{"mdm_forward_s", "head_s", "head_over_forward", "n_masked"}``, and with ``probing`` also
+    ``"probing_s", "probing_nfe", "speedup_vs_probing"`` (probing the first 8 contexts). Forward and head are timed
+    in the same call, one after the other, so their ratio comes from one run.
+    """
     rng = np.random.default_rng(0)
     sols = sd.random_solutions(batch, rng)
     grids = np.stack([sd.random_partial(s, 20, rng) for s in sols])
@@ -167,6 +173,9 @@ def head_cost(model: MaskedModel, head: MIHead, batch: int = 64, repeats: int = 
         head(h, m, e)
     sync()
     t_head = (time.perf_counter() - t0) / repeats / batch
+    out = {"mdm_forward_s": t_fwd, "head_s": t_head, "head_over_forward": t_head / t_fwd, "n_masked": int(m[0].sum())}
+    if not probing:
+        return out
     n_probe = min(8, batch)
     res = probe_mi(model, x[:n_probe])
     return {"mdm_forward_s": t_fwd, "head_s": t_head, "head_over_forward": t_head / t_fwd,
@@ -240,8 +249,10 @@ def agreement_with_data(model: MaskedModel, head: MIHead, n_contexts: int, clues
 
 
 def head_config_for(profile, model: MaskedModel) -> MIHeadConfig:
-    """The profile's Sudoku MI head architecture for ``model``'s hidden size (absolute positions, 81 cells)."""
-    return MIHeadConfig(model.hidden_dim, d_hidden=profile.head_hidden, rank=profile.head_rank, max_len=81)
+    """The profile's Sudoku MI head architecture for ``model``'s hidden size (absolute positions, 81 cells; other
+    fields from ``profile.head_arch``)."""
+    return MIHeadConfig(model.hidden_dim, d_hidden=profile.head_hidden, rank=profile.head_rank, max_len=81,
+                        **profile.head_arch)
 
 
 def protein_head_config_for(profile, model: MaskedModel) -> MIHeadConfig:
@@ -266,7 +277,9 @@ def ablation_configs(profile) -> dict[str, tuple[dict, HeadTrainConfig]]:
     All train for ``profile.ablation_epochs``: one per input layer (default loss), one per loss
     (default layer), and one per architecture component removed (`mimdm.heads` docstring):
     position pairs, the two-hop update, the mean-entropy bound (replaced by the strict min), and
-    all three (hidden-state features a_i ⊙ a_j only).
+    all three (hidden-state features a_i ⊙ a_j only). When the profile's head is the bilinear one
+    (``head_arch["pairs"] == "bilinear"``) the earlier gathered pair network (widths 224/64, learning rate
+    5e-3) is added as ``"gathered pair network (earlier head)"``, to compare accuracy and cost.
     """
     from dataclasses import replace
 
@@ -274,6 +287,10 @@ def ablation_configs(profile) -> dict[str, tuple[dict, HeadTrainConfig]]:
     out = {f"layer {layer}": ({}, replace(base, layer=layer)) for layer in profile.ablation_layers}
     for loss in ("mse", "log1p", "log1p_weighted"):
         out[f"loss {loss}"] = ({}, replace(base, loss=loss))
+    if profile.head_arch.get("pairs") == "bilinear":  # the earlier head, for accuracy and cost side by side
+        out["gathered pair network (earlier head)"] = (
+            {"pairs": "gather", "channels": 8, "mix_channels": 0, "d_hidden": 224, "rank": 64},
+            replace(base, lr=HeadTrainConfig.lr))
     out["no position pairs"] = ({"pos_dim": 0}, base)
     out["no two-hop update"] = ({"tri_channels": 0}, base)
     out["min-entropy bound"] = ({"bound": "min"}, base)
