@@ -12,6 +12,7 @@ from .heads import HeadTrainConfig
 from .labels import LabelConfig
 from .experiments.protein import AlignedLabelConfig, ProteinLabelConfig
 from .models.curriculum import CurriculumConfig
+from .models.long_run import long_run_configs
 from .models.potts import PottsMDMConfig
 from .models.protein_zoo import ProteinMDMConfig
 from .models.sudoku import SudokuMDMConfig
@@ -38,6 +39,8 @@ class Profile:
         prune_deltas: top-value pruning thresholds compared in the probing-cost section.
         labels: the MI-head label set (contexts, probing, stored hidden layers).
         head_hidden, head_rank: MI head widths (`mimdm.heads.MIHeadConfig`).
+        head_arch: other `mimdm.heads.MIHeadConfig` fields of the Sudoku MI head (e.g. ``{"pairs": "bilinear",
+            "channels": 8}``); empty: the defaults (the gathered pair network).
         head_train: MI head training settings.
         ablation_layers: hidden layers compared in the layer ablation (each must be in ``labels.layers``).
         ablation_epochs: epochs of each ablation head.
@@ -83,6 +86,7 @@ class Profile:
     labels: LabelConfig = LabelConfig()
     head_hidden: int = 224
     head_rank: int = 64
+    head_arch: dict = field(default_factory=dict)
     head_train: HeadTrainConfig = HeadTrainConfig()
     ablation_layers: tuple[int, ...] = (1, 3, -1)
     ablation_epochs: int = 10
@@ -129,6 +133,8 @@ class Profile:
     def to_dict(self) -> dict:
         return asdict(self)
 
+
+_LONG_MODEL, _LONG_TRAIN, _LONG_CURRICULUM = long_run_configs()
 
 PROFILES: dict[str, Profile] = {
     "smoke": Profile(
@@ -180,19 +186,25 @@ PROFILES: dict[str, Profile] = {
     ),
     "cpu": Profile(
         name="cpu",
-        sudoku_model=SudokuMDMConfig.cpu(),
-        sudoku_train=TrainConfig(steps=3000, batch_size=64, lr=2e-3, warmup=200),
+        sudoku_model=_LONG_MODEL,
+        sudoku_train=_LONG_TRAIN,  # the committed long run (checkpoints/sudoku_cpu_long), shipped
+        sudoku_curriculum=_LONG_CURRICULUM,
         solve_eval_puzzles=200,
         probe_contexts=8,
         enum_contexts=16,
         enum_clues=(22, 28),
         labels=LabelConfig(n_shards=10, sources_per_shard=20, contexts_per_source=4, layers=(-1, 1, 3)),
-        head_train=HeadTrainConfig(epochs=40),
+        # the bilinear head, chosen for its cost; chapter 2 compares it with the gathered pair network
+        head_hidden=128,
+        head_rank=16,
+        head_arch={"pairs": "bilinear", "channels": 8, "mix_channels": 8},
+        head_train=HeadTrainConfig(epochs=40, lr=2e-2),
         ablation_layers=(1, 3, -1),
         ablation_epochs=20,
         agreement_contexts=12,
-        hard_puzzles=200,
-        generation_contexts=150,
+        hard_puzzles=1000,
+        dev_puzzles=200,
+        generation_contexts=100,
         oracle_puzzles=50,
         likelihood_sequences=24,
         likelihood_draws=32,
