@@ -9,6 +9,8 @@ import yaml
 from mimdm.artifacts import REPO_ROOT
 from mimdm.book import CHAPTERS, copy_book_sources, run_book
 from mimdm.experiments.protein import HEADLINE_KEYS
+from mimdm.experiments.speedup import HEADLINE_KEYS as SPEEDUP_KEYS
+from mimdm.profiles import get_profile
 
 
 def test_toc_lists_every_chapter_notebook():
@@ -68,6 +70,17 @@ def test_smoke_book_runs_and_builds(tmp_path):
                                                                      "MI-guided", "entropy cap"}
     assert {r["rule"] for r in prot["decoding"]["oracle_generation"]} == {"sequential", "MI-oracle"}
     assert set(prot["headline"]) == set(HEADLINE_KEYS) and prot["headline"]["head_test_contexts"] >= 1
+    smoke = get_profile("smoke")
+    assert set(v["headline"]) == {"solve_rate_30_35", "solve_rate_hard"}
+    assert v["hard_set"]["n"] == smoke.hard_puzzles and 0 <= v["headline"]["solve_rate_hard"] <= 1
+    est = json.loads((root / "book" / "results" / "estimator_accuracy.json").read_text())["values"]
+    assert set(est["headline"]) == {"head_pearson", "head_over_forward"} and est["headline"]["head_over_forward"] > 0
+    spd = json.loads((root / "book" / "results" / "speedup.json").read_text())["values"]
+    assert tuple(spd["headline"]) == SPEEDUP_KEYS and spd["headline"]["n_hard"] == smoke.hard_puzzles
+    assert (spd["dev_set"]["n"], spd["hard_set"]["n"]) == (smoke.dev_puzzles, smoke.hard_puzzles)
+    assert spd["held_out"][0]["rule"] == "sequential" and spd["held_out"][0]["n"] == smoke.hard_puzzles
+    # chapter 1 and chapter 5 decode the same held-out puzzles sequentially
+    assert v["headline"]["solve_rate_hard"] == spd["headline"]["sequential_hard_solve_rate"]
     for ch in CHAPTERS:
         nb = nbformat.read(root / ch, 4)
         errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
