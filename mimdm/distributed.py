@@ -53,7 +53,7 @@ from tqdm.auto import tqdm
 
 from .heads import HeadTrainConfig, MIHead, MIHeadConfig, make_optimizer, mi_loss, save_head
 from .labels import LabelConfig, label_shard, shard_path
-from .artifacts import atomic_save
+from .artifacts import atomic_save, file_sha256
 from .models.base import MaskedModel
 
 MANIFEST = "manifest.json"
@@ -151,14 +151,6 @@ def _allreduce_sum(values: list[float], info: DistInfo) -> list[float]:
 # labels
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def marker_path(out_dir: Path, k: int) -> Path:
     """Completion marker of shard ``k``: ``out_dir/shard_0000k.done.json`` (removed once merged)."""
     return Path(out_dir) / f"shard_{k:05d}{MARKER_SUFFIX}"
@@ -190,7 +182,7 @@ def _merge_markers(out_dir: Path, manifest: dict, n_shards: int) -> list[int]:
             k = int(m.name[len("shard_"):-len(MARKER_SUFFIX)])
             rec = json.loads(m.read_text())
             p = shard_path(out_dir, k)
-            ok = 0 <= k < n_shards and p.is_file() and p.stat().st_size == rec["bytes"] and _sha256(p) == rec["sha256"]
+            ok = 0 <= k < n_shards and p.is_file() and p.stat().st_size == rec["bytes"] and file_sha256(p) == rec["sha256"]
         except (ValueError, KeyError, OSError):
             ok = False
         if ok and str(k) not in manifest["shards"]:
@@ -320,7 +312,7 @@ def generate_labels_distributed(model: MaskedModel, cfg: LabelConfig, out_dir: P
         atomic_save(shard, p)
         entry = {"n_contexts": int(shard["tokens"].shape[0]), "nfe": int(shard["nfe"].sum()),
                  "seconds": float(shard["seconds"])}
-        _write_json_atomic({"entry": entry, "bytes": p.stat().st_size, "sha256": _sha256(p), "rank": info.rank},
+        _write_json_atomic({"entry": entry, "bytes": p.stat().st_size, "sha256": file_sha256(p), "rank": info.rank},
                            marker_path(out_dir, k))
         done.append(k)
         if info.is_main:  # keep the manifest current (crash resilience, visible progress)

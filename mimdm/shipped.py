@@ -19,13 +19,12 @@ command that retrains (`RETRAIN_COMMAND`); it never retrains silently.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 
-from .artifacts import REPO_ROOT, artifacts_root, config_hash
+from .artifacts import REPO_ROOT, artifacts_root, config_hash, file_sha256
 
 #: Where the shipped checkpoints live (one folder per profile).
 SHIPPED_ROOT = REPO_ROOT / "checkpoints"
@@ -43,12 +42,8 @@ class ShippedCheckpointError(ValueError):
 
 
 def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    """Hex sha256 of a file's bytes (`mimdm.artifacts.file_sha256`)."""
+    return file_sha256(path)
 
 
 def profile_dir(profile: str, root: Path | None = None) -> Path:
