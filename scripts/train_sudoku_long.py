@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Start or continue the long `cpu` Sudoku MDM run (issue 20), resumable across sessions.
 
-Trains `mimdm.models.long_run.long_run_configs()` in ``--state-dir`` (default
-``checkpoints/sudoku_cpu_long``), checkpointing ``state.pt`` atomically every 500 steps and
+Trains one of `mimdm.models.long_run.RUNS` (``--run long``: `long_run_configs`, the shipped `cpu` model;
+``--run relation``: `relation_run_configs`) in ``--state-dir`` (default ``checkpoints/sudoku_cpu_long`` or
+``checkpoints/sudoku_cpu_relation``), checkpointing ``state.pt`` atomically every 500 steps and
 appending the solve-rate curve to ``curve.jsonl`` every ``--eval-every`` steps. Run it again with
 the same arguments to continue exactly where it stopped. Example (low priority, one core):
 
@@ -20,14 +21,17 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mimdm.models.long_run import long_run_configs, run_long_training  # noqa: E402
+from mimdm.models.long_run import RUNS, run_long_training  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hours", type=float, default=None, help="wall-clock budget of this call (default: until done)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    ap.add_argument("--state-dir", type=Path, default=ROOT / "checkpoints" / "sudoku_cpu_long")
+    ap.add_argument("--run", choices=sorted(RUNS), default="long",
+                    help="which configuration (mimdm.models.long_run.RUNS; default: long)")
+    ap.add_argument("--state-dir", type=Path, default=None,
+                    help="the run's folder (default: checkpoints/<the run's folder>)")
     ap.add_argument("--eval-every", type=int, default=1000, help="steps between solve-rate evaluations")
     ap.add_argument("--eval-puzzles", type=int, default=100, help="puzzles per evaluation set")
     ap.add_argument("--steps", type=int, default=None,
@@ -39,12 +43,14 @@ def main(argv=None) -> int:
     if args.hours is not None and args.hours <= 0:
         ap.error("--hours must be > 0")
     torch.set_num_threads(args.threads)
-    model_cfg, train_cfg, curriculum = long_run_configs()
+    configs, folder = RUNS[args.run]
+    model_cfg, train_cfg, curriculum = configs()
+    state_dir = args.state_dir or ROOT / "checkpoints" / folder
     if args.steps is not None:
         train_cfg = replace(train_cfg, steps=args.steps)
-    curve = run_long_training(args.state_dir, model_cfg, train_cfg, curriculum, hours=args.hours,
+    curve = run_long_training(state_dir, model_cfg, train_cfg, curriculum, hours=args.hours,
                               eval_every=args.eval_every, eval_puzzles=args.eval_puzzles,
-                              progress=not args.no_progress, allow_extend=args.steps is not None)
+                              progress=not args.no_progress, allow_extend=args.steps is not None, run=args.run)
     if curve:
         print("last evaluation:", curve[-1])
     return 0

@@ -243,3 +243,41 @@ def test_atomic_save_records_a_digest_that_catches_changed_truncated_and_torn_fi
     with pytest.warns(UserWarning, match="recomputing a label shard"):
         run_shards(out, {"c": 1}, 2, make, progress=False)
     assert calls == [0, 1, 1] and torch.equal(load_checkpoint(shard_path(out, 1))["tokens"], torch.full((2, 3), 1))
+
+
+def test_relation_masks_count_each_cells_peers():
+    from mimdm.models.sudoku import RELATIONS, relation_masks
+
+    R = relation_masks()
+    assert R.shape == (4, 81, 81) and RELATIONS == ("self", "row", "column", "box")
+    assert [int(r.sum()) for r in R] == [81, 81 * 9, 81 * 9, 81 * 9]  # every relation includes the cell itself
+    assert int((R[1] * R[3]).sum()) == 81 * 3  # a cell shares its row and its box with 3 cells (itself included)
+    assert int((R[1:].amax(0)).sum()) == 81 * 21  # 20 peers plus itself
+    assert torch.equal(R, R.transpose(1, 2))
+
+
+def test_relation_bias_starts_as_the_plain_model_and_can_restrict_attention():
+    cfg = SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)
+    rel = SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, relation_bias=True)
+    assert "relation_bias" not in cfg.to_dict() and rel.to_dict()["relation_bias"] is True  # old keys unchanged
+    torch.manual_seed(0)
+    plain, biased = SudokuMDM(cfg).eval(), SudokuMDM(rel).eval()
+    missing, unexpected = biased.load_state_dict(plain.state_dict(), strict=False)
+    assert missing == ["rel_bias"] and unexpected == []
+    assert biased.n_parameters() == plain.n_parameters() + 2 * 2 * 4
+    x = torch.randint(0, 10, (3, 81))
+    with torch.no_grad():
+        for mode in (True, False):  # training and inference paths (dropout 0)
+            plain.train(mode), biased.train(mode)
+            assert torch.allclose(biased(x).logits, plain(x).logits, atol=1e-5)  # zero bias: the same model
+        biased.rel_bias[:, :, 0] = 1e4  # every head attends only to the cell itself
+        y = x.clone()
+        y[:, 1:] = (x[:, 1:] + 1) % 10  # change every other cell
+        assert torch.allclose(biased(x).logits[:, 0], biased(y).logits[:, 0], atol=1e-5)
+        assert not torch.allclose(plain(x).logits[:, 0], plain(y).logits[:, 0], atol=1e-3)
+        biased.rel_bias[:, :, 0] = 0
+        biased.rel_bias[:, :, 1] = 1e4  # only the row: a change outside cell 0's row leaves it alone
+        z = x.clone()
+        z[:, 9:] = (x[:, 9:] + 1) % 10
+        assert torch.allclose(biased(x).logits[:, 0], biased(z).logits[:, 0], atol=1e-5)
+        assert not torch.allclose(biased(x).logits[:, 9], biased(z).logits[:, 9], atol=1e-3)

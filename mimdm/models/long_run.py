@@ -54,6 +54,22 @@ def long_run_configs() -> tuple[SudokuMDMConfig, TrainConfig, CurriculumConfig]:
     return model, train, curriculum
 
 
+def relation_run_configs() -> tuple[SudokuMDMConfig, TrainConfig, CurriculumConfig]:
+    """The long run's recipe on the `cpu` architecture with a relation attention bias
+    (``SudokuMDMConfig.relation_bias``; 80 more parameters), over 12,000 steps (768K examples): the
+    same batch, learning rate, WSD schedule (last 20% decay), seed and curriculum as `long_run_configs`, so
+    its curve compares step for step with the long run's."""
+    model = SudokuMDMConfig(d_model=128, n_layers=5, n_heads=4, d_ff=512, relation_bias=True)
+    train = TrainConfig(steps=12_000, batch_size=64, lr=1.5e-3, warmup=1000, min_lr_ratio=0.1,
+                        schedule="wsd", decay_frac=0.2, seed=2026, ckpt_every=500, log_every=100)
+    curriculum = CurriculumConfig(fraction=0.5, pool_size=4096, clues=(22, 35), seed=777)
+    return model, train, curriculum
+
+
+#: The runs `scripts/train_sudoku_long.py` knows: name -> (configs, default folder under ``checkpoints/``).
+RUNS = {"long": (long_run_configs, "sudoku_cpu_long"), "relation": (relation_run_configs, "sudoku_cpu_relation")}
+
+
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
@@ -83,16 +99,16 @@ def solve_rate_on(model: SudokuMDM, puzzles: list[sd.Puzzle]) -> float:
     return float(np.mean([np.array_equal(o, p.solution) for o, p in zip(out, puzzles)]))
 
 
-_README = """# Long `cpu` Sudoku MDM run (issue 20)
+_README = """# Long `cpu` Sudoku MDM run `{run}` (issue 20)
 
-A resumable training of the `cpu` Sudoku MDM architecture with a puzzle-mask curriculum and a
+A resumable training of a `cpu`-sized Sudoku MDM with a puzzle-mask curriculum and a
 warmup-stable-decay schedule (configs in `config.json`; code in `mimdm/models/long_run.py`).
 
 Resume (exactly: weights, optimiser, schedule, RNG and data position come from `state.pt`),
 from the repository root, at low priority on one core, for up to 2.5 hours:
 
 ```bash
-nice -n 19 .venv/bin/python scripts/train_sudoku_long.py --threads 1 --hours 2.5 --eval-every {eval_every}
+nice -n 19 .venv/bin/python scripts/train_sudoku_long.py --run {run} --threads 1 --hours 2.5 --eval-every {eval_every}
 ```
 
 Files: `state.pt` (resumable state, replaced in place; commit it to carry the run to another
@@ -101,7 +117,9 @@ against training examples seen, every `--eval-every` steps), `puzzle_pool.npz` (
 unique puzzles, rebuilt deterministically from the seed if missing), `model.pt` (the final model,
 once the run completes). Keep `--eval-every` and the evaluation size unchanged across sessions so
 the curve stays on one grid.
+"""
 
+_LONG_NOTE = """
 Measured (2026-12-01, one thread on a 2-core machine whose other core was busy): 1.4-1.7 steps/s
 (about 95 examples/s) with a 100 + 100-puzzle evaluation taking about 35 s; the 24,000 steps took
 about 5.9 hours of training (evaluations excluded) over three sessions. The run has finished; its
@@ -114,7 +132,7 @@ change under `extended` in `config.json`).
 def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: TrainConfig,
                       curriculum: CurriculumConfig, hours: float | None = None, eval_every: int = 1000,
                       eval_puzzles: int = 100, progress: bool = True, stop_after: int | None = None,
-                      allow_extend: bool = False) -> list[dict]:
+                      allow_extend: bool = False, run: str = "long") -> list[dict]:
     """Train (or continue) the long run in ``state_dir`` and record its solve-rate curve.
 
     Args:
@@ -129,6 +147,7 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
         progress: tqdm progress bars.
         stop_after: stop at this step (simulates an interruption; a later call continues).
         allow_extend: accept a changed ``train_cfg.steps`` (see `train_mdm`).
+        run: the run's name in `RUNS` (for the resume command in the folder's README).
 
     Returns:
         The curve (all of ``curve.jsonl``).
@@ -163,7 +182,8 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
     else:
         cfg_path.write_text(json.dumps({**spec, "started_from_commit": _git_commit(),
                                         "torch": torch.__version__}, indent=1) + "\n")
-    (state_dir / "README.md").write_text(_README.format(eval_every=eval_every, n=eval_puzzles))
+    (state_dir / "README.md").write_text(_README.format(eval_every=eval_every, n=eval_puzzles, run=run)
+                                         + (_LONG_NOTE if run == "long" else ""))
 
     pool = load_or_build_pool(curriculum, state_dir / "puzzle_pool.npz", progress)
     sample = curriculum_batch(pool, curriculum.fraction)
@@ -268,4 +288,4 @@ def adopt(state_dir: Path, n_eval: int, root: Path | None = None) -> Path:
     return d / "model.pt"
 
 
-__all__ = ["EVAL_SETS", "adopt", "long_run_configs", "read_curve", "run_long_training", "solve_rate_on"]
+__all__ = ["EVAL_SETS", "RUNS", "adopt", "long_run_configs", "relation_run_configs", "read_curve", "run_long_training", "solve_rate_on"]
