@@ -15,7 +15,9 @@ import pickle
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import torch
+from torch import Tensor
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,6 +143,23 @@ def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> dict:
             raise  # e.g. CUDA out of memory while loading: the file is fine
         raise ValueError(f"{path} is not a readable checkpoint ({type(e).__name__}: {msg or 'empty file'}); "
                          "it may be torn or truncated: delete it and train again") from e
+
+
+def tensor_sha256(t: Tensor | np.ndarray) -> str:
+    """Hex sha256 of a tensor's dtype, shape and values (on CPU, contiguous)."""
+    a = t.detach().cpu().contiguous().numpy() if isinstance(t, Tensor) else np.ascontiguousarray(t)
+    h = hashlib.sha256(f"{a.dtype}|{a.shape}|".encode())
+    h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def module_sha256(module: torch.nn.Module) -> str:
+    """Hex sha256 of a module's class name and state dict (names, dtypes, shapes, values), in name order."""
+    h = hashlib.sha256(type(module).__name__.encode())
+    for name, t in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor_sha256(t).encode())
+    return h.hexdigest()
 
 
 def git_commit() -> str | None:

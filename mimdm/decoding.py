@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from .artifacts import module_sha256
 from .models.base import MaskedModel
 
 
@@ -288,7 +289,8 @@ def head_mi_fn(head, layer: int = -1):
 
     Returns:
         ``fn(info, model, candidates=None) -> (MI [B, L, L] float nats, {"head_passes": B})`` with
-        ``fn.layer`` and ``fn.takes_candidates = True``. Errors of the head (a hidden width that
+        ``fn.layer``, ``fn.takes_candidates = True`` and ``fn.cache_id`` (the head's weights' sha256 and the
+        layer: the key of `mimdm.evalcache`; only for a head that is a ``torch.nn.Module``). Errors of the head (a hidden width that
         does not match) surface as the head's own.
     """
 
@@ -299,6 +301,8 @@ def head_mi_fn(head, layer: int = -1):
 
     fn.layer = layer
     fn.takes_candidates = True
+    if isinstance(head, torch.nn.Module):  # any other callable is not identified by weights: never cached
+        fn.cache_id = f"head:{module_sha256(head)}:layer{layer}"
     return fn
 
 
@@ -314,6 +318,7 @@ def zero_mi_fn():
         return torch.zeros(B, L, L, device=info.masked.device), {}
 
     fn.layer = -1
+    fn.cache_id = "zero"
     return fn
 
 
@@ -334,7 +339,7 @@ def oracle_mi_fn(delta: float = 0.0, batch_tokens: int = 81 * 512):
 
     Returns:
         ``fn(info, model, candidates=None) -> (MI [B, L, L] float nats, {"probe_passes": passes})``
-        with ``fn.layer = -1`` and ``fn.takes_candidates = True``; raises what `probe_mi` raises.
+        with ``fn.layer = -1``, ``fn.takes_candidates = True`` and ``fn.cache_id``; raises what `probe_mi` raises.
     """
     from .probing import probe_mi
 
@@ -356,6 +361,7 @@ def oracle_mi_fn(delta: float = 0.0, batch_tokens: int = 81 * 512):
 
     fn.layer = -1
     fn.takes_candidates = True
+    fn.cache_id = f"oracle:delta={delta!r}:batch_tokens={batch_tokens}"
     return fn
 
 

@@ -24,7 +24,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .artifacts import REPO_ROOT, artifacts_root, config_hash, file_sha256
+from .artifacts import REPO_ROOT, artifacts_root, atomic_write_text, config_hash, file_sha256, sidecar_path
 
 #: Where the shipped checkpoints live (one folder per profile).
 SHIPPED_ROOT = REPO_ROOT / "checkpoints"
@@ -141,7 +141,8 @@ def install(profile: str, root: Path | None = None, cache: Path | None = None) -
     """Verify every slot of ``profile`` and copy its files into the artifact cache.
 
     A file already in the cache with the recorded sha256 is left alone; one that differs is replaced
-    (the shipped file is the reference). Returns the cache folders filled, in slot order.
+    (the shipped file is the reference), and its sha256 record (`mimdm.artifacts.sidecar_path`, e.g. left by a local
+    training) is set to the shipped digest. Returns the cache folders filled, in slot order.
 
     Raises:
         ShippedCheckpointError: as `verify`.
@@ -156,11 +157,13 @@ def install(profile: str, root: Path | None = None, cache: Path | None = None) -
             cfg.write_text(json.dumps(rec["config"], indent=2, sort_keys=True, default=str))
         for f, meta in rec["files"].items():
             target = dst / f
-            if target.is_file() and sha256_file(target) == meta["sha256"]:
-                continue
-            tmp = target.with_suffix(target.suffix + ".tmp")
-            shutil.copy2(Path(rec["dir"]) / f, tmp)
-            os.replace(tmp, target)
+            if not (target.is_file() and sha256_file(target) == meta["sha256"]):
+                tmp = target.with_suffix(target.suffix + ".tmp")
+                shutil.copy2(Path(rec["dir"]) / f, tmp)
+                os.replace(tmp, target)
+            side = sidecar_path(target)  # the digest loaders check (`mimdm.artifacts.verify_file`): the shipped one
+            if not side.is_file() or side.read_text().split()[:1] != [meta["sha256"]]:
+                atomic_write_text(side, f"{meta['sha256']}  {target.name}\n")
         out.append(dst)
     return out
 

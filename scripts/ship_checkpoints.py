@@ -19,10 +19,11 @@ import time
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="cpu", help="run profile (default cpu)")
-    ap.add_argument("--what", choices=["sudoku", "sudoku-mdm", "protein"], action="append",
+    ap.add_argument("--what", choices=["sudoku", "sudoku-mdm", "sudoku-evals", "protein", "protein-evals"], action="append",
                     help="which models (repeatable; default sudoku and protein). sudoku: the Sudoku MDM already in "
                          "the cache (trained by `mimdm train` or adopted from the long run) with its label set, MI "
-                         "head and ablation heads (built now if missing); sudoku-mdm: the MDM alone")
+                         "head and ablation heads (built now if missing); sudoku-mdm: the MDM alone; sudoku-evals, protein-evals: "
+                         "the stored decodes and NLL scores of chapters 1, 5, 6 / 4 on the shipped models (run them first)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -38,10 +39,11 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     for what in args.what or ["sudoku", "protein"]:
         try:
-            dirs = (ship.ship_sudoku(profile, args.device, heads=what == "sudoku", progress=not args.no_progress)
+            dirs = (ship.ship_evals(profile, args.device, what.split("-")[0]) if what.endswith("-evals") else
+                    ship.ship_sudoku(profile, args.device, heads=what == "sudoku", progress=not args.no_progress)
                     if what.startswith("sudoku") else ship.ship_protein(profile, args.device,
                                                                         progress=not args.no_progress))
-        except FileNotFoundError as e:
+        except (FileNotFoundError, ValueError) as e:
             print(f"ship_checkpoints: error: {e}", file=sys.stderr)
             return 1
         for d in dirs:

@@ -45,6 +45,20 @@ def test_ship_verify_install_roundtrip(roots):
     assert (src / "model.pt").read_bytes() == b"weights"
 
 
+def test_install_over_a_locally_trained_file_resets_its_sha256_record(roots):
+    """A cache file written by atomic_save (with its .sha256) and then replaced by the shipped one must load."""
+    from mimdm.artifacts import atomic_save, load_checkpoint, sidecar_path
+
+    ship_root, cache = roots
+    src = _artifact(cache)
+    atomic_save({"w": torch.ones(2)}, src / "model.pt")
+    shipped.ship(src, "cpu", "toy", ["model.pt"], {}, None, None)
+    atomic_save({"w": torch.zeros(3)}, src / "model.pt")  # a local retraining: other bytes, its own record
+    shipped.install("cpu")
+    assert torch.equal(load_checkpoint(src / "model.pt")["w"], torch.ones(2))
+    assert sidecar_path(src / "model.pt").read_text().split()[0] == shipped.sha256_file(src / "model.pt")
+
+
 def test_verify_catches_altered_missing_and_mislabelled_files(roots):
     ship_root, cache = roots
     slot = shipped.ship(_artifact(cache), "cpu", "toy", ["model.pt"], {}, None, None)
@@ -224,6 +238,30 @@ def test_ship_sudoku_with_heads_ships_labels_and_heads_that_reproduce(roots, mon
     assert load_or_build_labels(model, rec["path"], P.labels, progress=False) == labels_dir  # unpacked, not probed
     after = load_labels(labels_dir)
     assert all(torch.equal(before[k], after[k]) for k in before if isinstance(before[k], torch.Tensor))
+    # the stored decodes of the shipped MDM ship as sudoku_evals; another model's entries stay behind
+    import numpy as np
+
+    from mimdm.decoding import EBSampler, MIGuided, Sequential, head_mi_fn
+    from mimdm.evalcache import EvalCache, cached_decode
+    from mimdm.experiments.mi_head import prepare
+    from mimdm.models.sudoku import SudokuMDM
+    from mimdm.models.zoo import grids_to_tokens
+    from mimdm.data import sudoku as sd
+
+    head = prepare(P, model, rec["path"], progress=False, ablations=False)["head"]
+    x = grids_to_tokens(np.stack([p.puzzle for p in sd.make_puzzles(3, (30, 32), np.random.default_rng(1))]))
+    ec = EvalCache("sudoku")
+    for rule in (Sequential("confidence"), EBSampler(0.5), MIGuided(head_mi_fn(head, P.head_train.layer), eps=0.01)):
+        cached_decode(ec, model, x, rule)
+    cached_decode(ec, SudokuMDM(model.config), x, Sequential("confidence"))
+    (slot,) = ship.ship_evals(P)
+    rec_e = json.loads((slot / "record.json").read_text())
+    assert len(rec_e["files"]) == 3 and rec_e["evaluation"]["reproduce"] == {
+        "entries": 3, "rechecked": {"EBSampler": True, "MIGuided/head": True, "Sequential": True}}
+    for f in ec.dir.glob("*.pt"):
+        f.unlink()
+    shipped.install("smoke")
+    assert ship.reproduce(rec_e) == rec_e["evaluation"]["reproduce"]
 
 
 def test_ablation_slot_names_are_folder_safe_and_distinct():

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ..data import sudoku as sd
+from ..evalcache import EvalCache, cached_conditional_nll
 from ..likelihood import (Estimate, exhaustive_nll, log_likelihood_ratio, time_free_nll,
                           time_integral_nll)
 from ..models.base import MaskedModel
@@ -133,17 +134,20 @@ def conditional_nll(model: MaskedModel, out_tokens: torch.Tensor, context_tokens
     return time_free_nll(model, out_tokens, n_samples=n_samples, maskable_BL=S, seed=seed)
 
 
-def nll_score(model: MaskedModel, context_tokens: torch.Tensor, n_samples: int = 32, seed: int = 0):
-    """A score function for `mimdm.experiments.speedup.sweep`: mean conditional NLL of the decoded cells (nats per grid)."""
+def nll_score(model: MaskedModel, context_tokens: torch.Tensor, n_samples: int = 32, seed: int = 0,
+              cache: EvalCache | None = None):
+    """A score function for `mimdm.experiments.speedup.sweep`: mean conditional NLL of the decoded cells (nats per
+    grid); ``cache``: reuse stored estimates of the same model, grids, draws and seed (`mimdm.evalcache`)."""
     def score(out_tokens):
-        e = conditional_nll(model, out_tokens, context_tokens, n_samples, seed)
-        return {"nll": float(e.value.mean()), "nll_stderr": float(e.value.std() / math.sqrt(len(e.value)))}
+        v = cached_conditional_nll(cache, model, out_tokens, context_tokens, n_samples, seed)
+        return {"nll": float(v.mean()), "nll_stderr": float(v.std() / math.sqrt(len(v)))}
     return score
 
 
 def nll_by_validity(model: MaskedModel, out_tokens: torch.Tensor, context_grids: np.ndarray, n_samples: int = 32,
-                    seed: int = 0) -> dict:
-    """Per decoded grid: conditional NLL (nats) and validity; AUROC of NLL as a detector of invalid grids.
+                    seed: int = 0, cache: EvalCache | None = None) -> dict:
+    """Per decoded grid: conditional NLL (nats) and validity; AUROC of NLL as a detector of invalid grids
+    (``cache`` as in `nll_score`).
 
     Returns ``{"nll": [N], "valid": [N] bool, "auroc_invalid": float (NaN if one class is empty)}``.
     """
@@ -152,9 +156,8 @@ def nll_by_validity(model: MaskedModel, out_tokens: torch.Tensor, context_grids:
     from ..models.zoo import tokens_to_grids
 
     ctx = grids_to_tokens(context_grids, out_tokens.device)
-    e = conditional_nll(model, out_tokens, ctx, n_samples, seed)
+    nll = cached_conditional_nll(cache, model, out_tokens, ctx, n_samples, seed).cpu().numpy()
     out = tokens_to_grids(out_tokens)
     valid = sd.is_valid_solution_batch(out) & np.all((context_grids == 0) | (out == context_grids), axis=1)
-    nll = e.value.cpu().numpy()
     auroc = float(roc_auc_score(~valid, nll)) if 0 < valid.sum() < len(valid) else math.nan
     return {"nll": nll.tolist(), "valid": valid.tolist(), "auroc_invalid": auroc}

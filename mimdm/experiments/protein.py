@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from ..artifacts import artifact_dir
 from ..data import protein as pr
+from ..evalcache import cached_time_free_nll
 from ..labels import SPLITS, run_shards
 from ..metrics import precision_at_L
 from ..models.esmc import ESMCMDM
@@ -518,18 +519,17 @@ def decode_grouped(model: ESMCMDM, tokens: list[torch.Tensor], rule, temperature
 
 
 def nll_grouped(model: ESMCMDM, tokens: list[torch.Tensor], maskable: list[torch.Tensor] | None = None,
-                n_samples: int = 16, seed: int = 0) -> np.ndarray:
+                n_samples: int = 16, seed: int = 0, cache=None) -> np.ndarray:
     """Time-free I-MDCE NLL (nats, `mimdm.likelihood.time_free_nll`) of sequences of varying lengths.
 
     Args:
         tokens: N token rows ``[L_n]`` (no masks at scored positions).
         maskable: N bool rows, the scored set of each (None: all positions, the unconditional NLL).
+        cache: a `mimdm.evalcache.EvalCache` to reuse estimates of the same model, rows, draws and seed (None: none).
 
     Returns:
         ``[N]`` float64 NLL estimates in nats.
     """
-    from ..likelihood import time_free_nll
-
     by_len: dict[int, list[int]] = {}
     for i, t in enumerate(tokens):
         by_len.setdefault(t.shape[-1], []).append(i)
@@ -537,8 +537,7 @@ def nll_grouped(model: ESMCMDM, tokens: list[torch.Tensor], maskable: list[torch
     for L, idx in sorted(by_len.items()):
         x = torch.stack([tokens[i].reshape(-1) for i in idx]).to(model.device)
         S = None if maskable is None else torch.stack([torch.as_tensor(maskable[i]).reshape(-1) for i in idx]).to(model.device)
-        e = time_free_nll(model, x, n_samples=n_samples, maskable_BL=S, seed=seed + L)
-        out[idx] = e.value.cpu().numpy()
+        out[idx] = cached_time_free_nll(cache, model, x, n_samples, S, seed=seed + L).cpu().numpy()
     return out
 
 
@@ -663,10 +662,11 @@ def aligned_infilling_tasks(family: FamilyData, positions: AlignedPositions, n: 
 
 
 def aligned_infill_score(model, truth_NL: torch.Tensor, masks_NL: np.ndarray, hmm, threshold: float,
-                         nll_draws: int, seed: int = 0):
+                         nll_draws: int, seed: int = 0, cache=None):
     """``score(decoded rows) -> dict`` for infilling: recovery of the masked columns' values (gaps count),
     mean HMM bit score and share above ``threshold`` of the de-gapped rows, conditional NLL of the filled
-    columns (time-free I-MDCE, nats) with its standard error; ``per_item`` arrays for paired tests."""
+    columns (time-free I-MDCE, nats) with its standard error; ``per_item`` arrays for paired tests (``cache``: as
+    `nll_grouped`)."""
     from ..protein_quality import fraction_above
 
     m = torch.from_numpy(masks_NL)
@@ -676,7 +676,7 @@ def aligned_infill_score(model, truth_NL: torch.Tensor, masks_NL: np.ndarray, hm
         hit = ((x == truth_NL) & m).sum(1).double() / m.sum(1)
         seqs = degap_rows(model.decode(x))
         bits = _bits(hmm, seqs)
-        nll = nll_grouped(model, out, [torch.from_numpy(k) for k in masks_NL], nll_draws, seed)
+        nll = nll_grouped(model, out, [torch.from_numpy(k) for k in masks_NL], nll_draws, seed, cache)
         return {"recovery": float(hit.mean()), "bit_score": float(bits.mean()),
                 "bit_se": float(bits.std() / np.sqrt(len(bits))), "frac_above": fraction_above(bits, threshold),
                 "nll": float(nll.mean()), "nll_se": float(nll.std() / np.sqrt(len(nll))),
@@ -694,12 +694,13 @@ def _bits(hmm, seqs: list[str]) -> np.ndarray:
     return bits
 
 
-def aligned_generation_score(model, hmm, threshold: float, train_seqs: list[str], nll_draws: int, seed: int = 0):
+def aligned_generation_score(model, hmm, threshold: float, train_seqs: list[str], nll_draws: int, seed: int = 0,
+                             cache=None):
     """``score(decoded rows) -> dict`` for generation: HMM bit score (mean, standard error, share above the
     family ``threshold``) of the de-gapped rows, the model's NLL of the aligned rows (time-free I-MDCE,
     nats) with its standard error, novelty (1 − max identity to ``train_seqs``), diversity (mean pairwise
     identity), composition (JS divergence to the training rows, nats), residues per row; the last
-    de-gapped rows in ``score.last``."""
+    de-gapped rows in ``score.last`` (``cache``: as `nll_grouped`)."""
     from .. import protein_quality as pq
 
     def score(out: list[torch.Tensor]) -> dict:
@@ -707,7 +708,7 @@ def aligned_generation_score(model, hmm, threshold: float, train_seqs: list[str]
         seqs = degap_rows(model.decode(x))
         bits = _bits(hmm, seqs)
         keep = [s for s in seqs if len(s) >= MIN_GENERATED_RESIDUES]
-        nll = nll_grouped(model, out, None, nll_draws, seed)
+        nll = nll_grouped(model, out, None, nll_draws, seed, cache)
         score.last = seqs
         rep = {"bit_score": float(bits.mean()), "bit_se": float(bits.std() / np.sqrt(len(bits))),
                "frac_above": float(np.mean(bits >= threshold)),
@@ -805,13 +806,14 @@ def matched_infilling(rows: list[dict], tolerance: float = 0.01) -> list[dict]:
 
 
 def aligned_decoding_study(model, head, positions: AlignedPositions, family: FamilyData, profile, seed: int = 0,
-                           knobs: dict | None = None, layer: int = -1, progress: bool = False) -> dict:
+                           knobs: dict | None = None, layer: int = -1, progress: bool = False, cache=None) -> dict:
     """Infilling and generation on aligned columns with every rule (chapter 5's, plus the MI-oracle on a subset).
 
     Infilling: ``profile.protein_infill`` held-out rows with 30-70% of columns masked, argmax values.
     Generation: ``profile.protein_generate`` rows from all-masked, temperature 1; the MI-oracle decodes the
     first ``max(2, profile.protein_generate // 8)`` of them. Quality: `aligned_infill_score`,
     `aligned_generation_score` (HMM from the training split; threshold: 5th percentile of validation members).
+    ``cache``: a `mimdm.evalcache.EvalCache` through which every decode and NLL estimate goes (None: none).
 
     Returns:
         ``{"infilling", "generation", "oracle_generation" (sweep rows without per-item arrays), "matched_infilling",
@@ -830,20 +832,21 @@ def aligned_decoding_study(model, head, positions: AlignedPositions, family: Fam
     inf_tok = truth.masked_fill(torch.from_numpy(masks), model.mask_id).to(model.device)
     gen_tok = torch.full((profile.protein_generate, positions.length), model.mask_id, dtype=torch.long, device=model.device)
     rules = [r for r in rule_grid(head, layer, knobs=k) if r[0] != "MI-oracle"]
-    inf_score = aligned_infill_score(model, truth, masks, hmm, thr, profile.nll_draws, seed)
-    gen_score = aligned_generation_score(model, hmm, thr, train_seqs, profile.nll_draws, seed)
-    rows_inf = sweep(model, inf_tok, rules, inf_score, temperature=0.0, seed=seed, progress=progress)
+    inf_score = aligned_infill_score(model, truth, masks, hmm, thr, profile.nll_draws, seed, cache)
+    gen_score = aligned_generation_score(model, hmm, thr, train_seqs, profile.nll_draws, seed, cache)
+    rows_inf = sweep(model, inf_tok, rules, inf_score, temperature=0.0, seed=seed, progress=progress, cache=cache)
     rows_gen, kept = [], []  # kept[i]: (de-gapped rows, novelty) of rows_gen[i]
     for rule in rules:
-        rows_gen += sweep(model, gen_tok, [rule], gen_score, temperature=1.0, seed=seed)
+        rows_gen += sweep(model, gen_tok, [rule], gen_score, temperature=1.0, seed=seed, cache=cache)
         kept.append((list(gen_score.last), gen_score.novelty.copy()))
     for rows in (rows_inf, rows_gen):
         for r, rule in zip(rows, rules):
             r["mi_budget"] = mi_budget_of(rule[2])
     n_or = max(2, profile.protein_generate // 8)
     or_rules = [r for r in rule_grid(None, layer, oracle=True, knobs=k) if r[0] in ("sequential", "MI-oracle")]
-    gen_or = aligned_generation_score(model, hmm, thr, train_seqs, profile.nll_draws, seed)
-    rows_or = sweep(model, gen_tok[:n_or], or_rules, gen_or, temperature=1.0, seed=seed)
+    gen_or = aligned_generation_score(model, hmm, thr, train_seqs, profile.nll_draws, seed, cache)
+    rows_or = sweep(model, gen_tok[:n_or], or_rules, gen_or, temperature=1.0, seed=seed, cache=cache,
+                    timing_items=2)  # probing is costly: time the oracle on two rows
     for r, rule in zip(rows_or, or_rules):
         r["mi_budget"] = mi_budget_of(rule[2])
     return _decoding_summary(rows_inf, rows_gen, kept, hmm, thr, family, rows_or, n_or)
@@ -1052,12 +1055,13 @@ def _decoding_summary(rows_inf, rows_gen, kept, hmm, thr, family, rows_or, n_or)
             "n_generate": len(rows_gen[0]["per_item"]["nll"]) if rows_gen else 0}
 
 
-def decoding_study(prep: dict, profile, seed: int = 0) -> dict:
-    """`aligned_decoding_study` or `raw_decoding_study`, whichever fits the prepared model."""
+def decoding_study(prep: dict, profile, seed: int = 0, cache=None) -> dict:
+    """`aligned_decoding_study` (through ``cache``, a `mimdm.evalcache.EvalCache` or None) or `raw_decoding_study`,
+    whichever fits the prepared model."""
     layer = (profile.aligned_head_train if "positions" in prep else profile.protein_head_train).layer
     if "positions" in prep:
         return aligned_decoding_study(prep["model"], prep["head"], prep["positions"], prep["family"], profile, seed,
-                                      layer=layer)
+                                      layer=layer, cache=cache)
     return raw_decoding_study(prep["model"], prep["head"], prep["family"], profile, seed, layer=layer)
 
 

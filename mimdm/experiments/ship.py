@@ -9,6 +9,10 @@ Potts MDM with the L2 chosen on validation CE, and that choice), ``protein_plm``
 pseudo-likelihood baseline), ``protein_mi_head`` and ``protein_contact_head`` (the MI heads on probed ``mi`` and
 ``mi_aa`` labels).
 
+``sudoku_evals`` and ``protein_evals``: the stored decodes and NLL scores of chapters 1, 5 and 6 (Sudoku) and 4
+(DHFR) on the shipped models (`mimdm.evalcache`; a fresh clone's chapters load them instead of decoding again); the
+reproduced evaluation re-decodes a few sequences of one stored argmax decode per kind of rule.
+
 Sudoku slots: ``sudoku_mdm`` (the profile's Sudoku MDM; its reproduced evaluation is the solve rate on
 `SUDOKU_EVAL_PUZZLES` fixed 30-35-clue puzzles by sequential decoding, exactly); with ``heads=True`` also
 ``sudoku_labels`` (the MI label set packed by `mimdm.labels.pack_labels`; evaluation: context count and summed MI),
@@ -185,6 +189,70 @@ def ship_sudoku(profile, device="cpu", heads: bool = False, progress: bool = Tru
     return dirs
 
 
+#: Sequences re-decoded per rechecked entry of a shipped evaluation cache (`mimdm.evalcache.recheck`).
+EVALS_RECHECK_ROWS = 8
+
+
+def _evals_recheck(cache, model, head) -> dict:
+    from ..artifacts import module_sha256
+    from ..evalcache import recheck
+
+    return recheck(cache, model, {module_sha256(head): head}, n_rows=EVALS_RECHECK_ROWS)
+
+
+#: Evaluation caches a profile ships: cache name -> (slot of the MDM, slot of the MI head its MI-guided rules read).
+EVAL_DOMAINS = {"sudoku": ("sudoku_mdm", "sudoku_mi_head"), "protein": ("protein_potts", "protein_mi_head")}
+
+
+def _shipped_models(profile_name: str, domain: str, device="cpu"):
+    """The installed shipped MDM and MI head of an evaluation domain (`EVAL_DOMAINS`)."""
+    from ..artifacts import artifacts_root
+    from ..heads import load_head
+    from ..models.potts import load_potts
+    from ..models.zoo import load_sudoku_mdm
+
+    mdm_slot, head_slot = EVAL_DOMAINS[domain]
+    recs = {r["slot"]: r for r in shipped.records(profile_name)}
+    missing = [s for s in (mdm_slot, head_slot) if s not in recs]
+    if missing:
+        raise FileNotFoundError(f"profile {profile_name} ships no {', '.join(missing)}: ship the models first")
+    load = load_sudoku_mdm if domain == "sudoku" else load_potts
+    model, _ = load(artifacts_root() / recs[mdm_slot]["artifact"] / "model.pt", device)
+    head, _ = load_head(artifacts_root() / recs[head_slot]["artifact"] / "head.pt", device)
+    return model, head
+
+
+def ship_evals(profile, device="cpu", domain: str = "sudoku") -> list[Path]:
+    """Ship the stored decodes and NLL scores of a domain's shipped MDM (`mimdm.evalcache`, folder
+    ``evals/<domain>-*``, filled by running the chapters: 1, 5 and 6 for ``"sudoku"``, 4 for ``"protein"``) as slot
+    ``<domain>_evals``.
+
+    Only entries computed on the shipped MDM of the domain (its weights' sha256) are shipped. The slot's reproduced
+    evaluation re-decodes the first `EVALS_RECHECK_ROWS` sequences of one argmax decode per kind of rule with the
+    shipped MDM and MI head (`mimdm.evalcache.recheck`).
+
+    Raises:
+        KeyError: an unknown domain (`EVAL_DOMAINS`).
+        FileNotFoundError: the domain's shipped MDM or MI head is not installed, or no entry is stored for it.
+        ValueError: a stored decode does not reproduce.
+    """
+    from ..artifacts import git_commit, load_checkpoint, module_sha256
+    from ..evalcache import EvalCache
+
+    model, head = _shipped_models(profile.name, domain, device)
+    cache = EvalCache(domain)
+    sha = module_sha256(model)
+    files = [f for f in cache.files() if json.loads(load_checkpoint(cache.dir / f)["key"])["model"] == sha]
+    if not files:
+        raise FileNotFoundError(f"no stored evaluation of the shipped {domain} MDM in {cache.dir}: run its chapters first")
+    ev = _evals_recheck(cache, model, head)
+    if not all(ev["rechecked"].values()):
+        raise ValueError(f"stored decodes do not reproduce with the shipped models: {ev['rechecked']}")
+    ev["entries"] = len(files)  # a fresh cache holds just the shipped entries
+    return [shipped.ship(cache.dir, profile.name, f"{domain}_evals", files, {"reproduce": ev, "measured": {}}, None,
+                         git_commit(), extra={"torch": torch.__version__, "kind": "evals"})]
+
+
 def reproduce(record: dict, device="cpu") -> dict:
     """Recompute a shipped slot's ``evaluation["reproduce"]`` from the installed checkpoints.
 
@@ -198,6 +266,12 @@ def reproduce(record: dict, device="cpu") -> dict:
 
     slot = record["slot"]
     path = artifacts_root() / record["artifact"]
+    if slot.endswith("_evals"):
+        from ..evalcache import EvalCache
+
+        domain = slot[:-len("_evals")]
+        model, head = _shipped_models(record["profile"], domain, device)
+        return _evals_recheck(EvalCache(domain), model, head)
     if slot == "sudoku_mdm":
         from ..models.zoo import load_sudoku_mdm
 
@@ -256,5 +330,5 @@ def ship_protein(profile, device="cpu", progress: bool = True) -> list[Path]:
 
 
 __all__ = ["FINGERPRINT_RATES", "SUDOKU_EVAL_PUZZLES", "SUDOKU_FINGERPRINT_CONTEXTS", "head_fingerprint",
-           "labels_evaluation", "potts_evaluation", "protein_slots", "reproduce", "ship_protein", "ship_sudoku",
+           "labels_evaluation", "potts_evaluation", "protein_slots", "reproduce", "ship_evals", "EVAL_DOMAINS", "ship_protein", "ship_sudoku",
            "slot_name", "sudoku_evaluation", "sudoku_head_fingerprint"]

@@ -16,6 +16,7 @@ import torch
 
 from ..data import sudoku as sd
 from ..decoding import EBSampler, MIGuided, Sequential, Threshold, TopK, decode, head_mi_fn, oracle_mi_fn, zero_mi_fn
+from ..evalcache import EvalCache, cached_decode
 from ..models.base import MaskedModel
 from ..models.zoo import grids_to_tokens, tokens_to_grids
 
@@ -104,10 +105,13 @@ def chapter_sets(profile, seed: int = 0, root=None) -> tuple[list[sd.Puzzle], li
     return dev, test, gen
 
 
-def sequential_solve_rate(model: MaskedModel, puzzles: list[sd.Puzzle], confidence: float = 0.95) -> dict:
+def sequential_solve_rate(model: MaskedModel, puzzles: list[sd.Puzzle], confidence: float = 0.95,
+                          cache: EvalCache | None = None) -> dict:
     """Sequential (confidence-ordered, argmax) decoding of ``puzzles``: ``{"n", "solve_rate", "ci_low", "ci_high"
-    (Wilson, `rate_interval`), "nfe" (mean passes per puzzle)}``."""
-    out = decode(model, grids_to_tokens(np.stack([p.puzzle for p in puzzles]), model.device), Sequential("confidence"))
+    (Wilson, `rate_interval`), "nfe" (mean passes per puzzle)}``; ``cache``: reuse a stored decode of the same
+    model and puzzles (`mimdm.evalcache`; chapter 5's held-out sequential row is the same decode)."""
+    out, _ = cached_decode(cache, model, grids_to_tokens(np.stack([p.puzzle for p in puzzles]), model.device),
+                           Sequential("confidence"))
     res = score_solving(out.tokens, puzzles)
     lo, hi = rate_interval(res["solve_rate"], len(puzzles), confidence)
     return {"n": len(puzzles), "solve_rate": res["solve_rate"], "ci_low": lo, "ci_high": hi,
@@ -278,27 +282,47 @@ def mi_budget_of(rule) -> float | None:
     return None if c is None or math.isinf(c) else float(c)
 
 
+#: Sequences a cached `sweep` times each rule on in the current run (`sweep`, ``timing_items``).
+TIMING_ITEMS = 32
+
+
 def sweep(model: MaskedModel, tokens: torch.Tensor, rules, score, temperature: float = 0.0, seed: int = 0,
-          progress: bool = False) -> list[dict]:
+          progress: bool = False, cache: EvalCache | None = None, timing_items: int = TIMING_ITEMS) -> list[dict]:
     """Decode ``tokens`` with every rule; ``score(out_tokens) -> dict`` of quality numbers.
 
+    With a ``cache`` (`mimdm.evalcache`), decodes come from it when stored and wall-clock is measured in this run,
+    for every rule on the same first ``timing_items`` sequences (an uncached decode of those, after one untimed
+    warm-up), so that the seconds of all rows of a sweep are comparable whatever run computed their outcomes.
+    Without a cache, seconds are those of the full decode.
+
     Returns rows ``{"rule", "knob", "entropy_cap", "mi_budget", "nfe", "nfe_items", "head_passes", "probe_passes",
-    "seconds", **quality}`` (NFE and extra passes per sequence, seconds per sequence; ``nfe_items`` the ``[N]`` NFE of
-    each sequence, dropped by `drop_items`; ``entropy_cap`` and ``mi_budget`` in nats for MI-guided rules, None when
-    unlimited or not applicable).
+    "seconds", "timed_items", "computed", **quality}`` (NFE and extra passes per sequence, seconds per sequence over
+    the ``timed_items`` sequences timed; ``nfe_items`` the ``[N]`` NFE of each sequence, dropped by `drop_items`;
+    ``entropy_cap`` and ``mi_budget`` in nats for MI-guided rules, None when unlimited or not applicable;
+    ``computed``: ``"now"``, or the commit and date of the run that computed the cached decode).
+
+    Raises:
+        ValueError: ``timing_items`` < 1.
     """
     from tqdm.auto import tqdm
 
+    if timing_items < 1:
+        raise ValueError(f"timing_items must be >= 1, got {timing_items}")
     rows = []
     n = len(tokens)
+    n_time = n if cache is None else min(n, timing_items)
     decode(model, tokens[:2], rules[0][2], temperature=temperature, seed=seed)  # warm-up, untimed
     for name, knob, rule in tqdm(rules, desc="decode sweep", disable=not progress):
-        out = decode(model, tokens, rule, temperature=temperature, seed=seed)
+        out, prov = cached_decode(cache, model, tokens, rule, temperature=temperature, seed=seed)
+        seconds = out.seconds if cache is None else decode(model, tokens[:n_time], rule, temperature=temperature,
+                                                           seed=seed).seconds
         rows.append({"rule": name, "knob": knob, "entropy_cap": entropy_cap_of(rule), "mi_budget": mi_budget_of(rule),
                      "nfe": float(out.nfe.float().mean()), "nfe_items": out.nfe.cpu().numpy(),
                      "head_passes": out.extra_passes.get("head_passes", 0) / n,
                      "probe_passes": out.extra_passes.get("probe_passes", 0) / n,
-                     "seconds": out.seconds / n, **score(out.tokens)})
+                     "seconds": seconds / n_time, "timed_items": n_time,
+                     "computed": "now" if prov is None else f"{(prov['commit'] or 'unknown')[:7]} {prov['date']}",
+                     **score(out.tokens)})
     return rows
 
 
