@@ -292,7 +292,7 @@ def sweep(model: MaskedModel, tokens: torch.Tensor, rules, score, temperature: f
 
     With a ``cache`` (`mimdm.evalcache`), decodes come from it when stored and wall-clock is measured in this run,
     for every rule on the same first ``timing_items`` sequences (an uncached decode of those, after one untimed
-    warm-up), so that the seconds of all rows of a sweep are comparable whatever run computed their outcomes.
+    warm-up; a decode computed now on no more sequences is its own timing), so that the seconds of all rows of a sweep are comparable whatever run computed their outcomes.
     Without a cache, seconds are those of the full decode.
 
     Returns rows ``{"rule", "knob", "entropy_cap", "mi_budget", "nfe", "nfe_items", "head_passes", "probe_passes",
@@ -314,8 +314,9 @@ def sweep(model: MaskedModel, tokens: torch.Tensor, rules, score, temperature: f
     decode(model, tokens[:2], rules[0][2], temperature=temperature, seed=seed)  # warm-up, untimed
     for name, knob, rule in tqdm(rules, desc="decode sweep", disable=not progress):
         out, prov = cached_decode(cache, model, tokens, rule, temperature=temperature, seed=seed)
-        seconds = out.seconds if cache is None else decode(model, tokens[:n_time], rule, temperature=temperature,
-                                                           seed=seed).seconds
+        fresh = cache is None or (prov is None and n_time == n)  # decoded now, on exactly the timed sequences
+        seconds = out.seconds if fresh else decode(model, tokens[:n_time], rule, temperature=temperature,
+                                                   seed=seed).seconds
         rows.append({"rule": name, "knob": knob, "entropy_cap": entropy_cap_of(rule), "mi_budget": mi_budget_of(rule),
                      "nfe": float(out.nfe.float().mean()), "nfe_items": out.nfe.cpu().numpy(),
                      "head_passes": out.extra_passes.get("head_passes", 0) / n,
