@@ -9,17 +9,7 @@ from mimdm.decoding import (EBSampler, MIGuided, Sequential, Threshold, TopK, de
                             zero_mi_fn)
 from mimdm.heads import MIHead, MIHeadConfig, head_inputs
 from mimdm.models.oracle import TableJointMDM, potts_chain_log_joint
-from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
 from mimdm.models.zoo import grids_to_tokens
-
-TINY = SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    torch.manual_seed(0)
-    return SudokuMDM(TINY).eval()
-
 
 @pytest.fixture(scope="module")
 def puzzles():

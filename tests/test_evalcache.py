@@ -11,17 +11,8 @@ from mimdm.evalcache import EvalCache, cached_conditional_nll, cached_decode, de
 from mimdm.experiments import likelihood as lk
 from mimdm.experiments import speedup as sp
 from mimdm.heads import MIHead, MIHeadConfig
-from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
+from mimdm.models.sudoku import SudokuMDM
 from mimdm.models.zoo import grids_to_tokens
-
-TINY = SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    torch.manual_seed(0)
-    return SudokuMDM(TINY).eval()
-
 
 @pytest.fixture(scope="module")
 def puzzles():
@@ -38,7 +29,7 @@ def test_hashes_see_dtype_shape_values_and_weights(tiny):
     assert tensor_sha256(a) == tensor_sha256(a.clone()) == tensor_sha256(a.numpy())
     assert len({tensor_sha256(a), tensor_sha256(a.int()), tensor_sha256(a.view(2, 3)),
                 tensor_sha256(a + (a == 5).long())}) == 4
-    m = SudokuMDM(TINY)
+    m = SudokuMDM(tiny.config)
     m.load_state_dict(tiny.state_dict())
     assert module_sha256(m) == module_sha256(tiny)
     with torch.no_grad():
@@ -76,7 +67,7 @@ def test_cached_decode_returns_the_same_decode_and_misses_on_any_change(tiny, x,
     cached_decode(cache, tiny, x, Sequential("confidence"), temperature=1.0, seed=1)
     cached_decode(cache, tiny, x, Sequential("entropy"))
     cached_decode(cache, tiny, x[:3], Sequential("confidence"))
-    other = SudokuMDM(TINY)
+    other = SudokuMDM(tiny.config)
     cached_decode(cache, other, x, Sequential("confidence"))
     assert (cache.hits, cache.misses) == (1, 6) and len(cache.files()) == 6
 
@@ -151,7 +142,7 @@ def test_recheck_redecodes_stored_argmax_runs(tiny, x, tmp_path):
     got = recheck(cache, tiny, {module_sha256(head): head}, n_rows=2)
     assert got == {"entries": 5, "rechecked": {"EBSampler": True, "MIGuided/head": True, "Sequential": True}}
     assert recheck(cache, tiny, {}, n_rows=2)["rechecked"] == {"EBSampler": True, "Sequential": True}  # head unknown
-    assert recheck(cache, SudokuMDM(TINY), {}, n_rows=2)["rechecked"] == {}  # nothing stored for other weights
+    assert recheck(cache, SudokuMDM(tiny.config), {}, n_rows=2)["rechecked"] == {}  # nothing stored for other weights
     # a stored result that the model does not reproduce is reported
     p = cache.path(decode_key(tiny, x, EBSampler(1.0)))
     ck = load_checkpoint(p)
