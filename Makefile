@@ -29,7 +29,7 @@ book: venv
 	$(BIN)/mimdm book --profile $(PROFILE) --device $(DEVICE) $(if $(RETRAIN),--retrain)
 
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m ""
 
 clean:
 	rm -rf _build book/_build

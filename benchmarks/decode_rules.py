@@ -12,11 +12,11 @@ import argparse
 import numpy as np
 import torch
 
-from mimdm.device import resolve_device
+from mimdm.app.profiles import get_profile
+from mimdm.core.device import resolve_device
 from mimdm.experiments import mi_head as mh
 from mimdm.experiments import speedup as sp
-from mimdm.models.zoo import grids_to_tokens, profile_sudoku_mdm
-from mimdm.profiles import get_profile
+from mimdm.pipelines.zoo import grids_to_tokens, profile_sudoku_mdm
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 """Benchmark: one MI-head pass against one MDM forward pass (and both against probing), in one process.
 
 For each batch size, times (a) one MDM forward that yields the head's inputs (hidden states and marginal
-entropies, `mimdm.heads.head_inputs`) and (b) one head pass on them, and prints seconds per context and
-the ratio head / forward; then the cost of probing the same contexts (`mimdm.probing.probe_mi`, 1 + |M|·9
+entropies, `mimdm.heads.mi_head.head_inputs`) and (b) one head pass on them, and prints seconds per context and
+the ratio head / forward; then the cost of probing the same contexts (`mimdm.probing.exact.probe_mi`, 1 + |M|·9
 forward passes each) and the speedup of forward + head over probing. Contexts: 75% of the cells masked.
 
     .venv/bin/python benchmarks/head_cost.py --profile cpu
@@ -16,37 +16,21 @@ at ``--length`` residues.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
 
+from mimdm.app.profiles import PROFILES, get_profile
+from mimdm.core.device import resolve_device
 from mimdm.data import sudoku as sd
-from mimdm.device import resolve_device
 from mimdm.experiments.mi_head import protein_head_config_for
-from mimdm.heads import MIHead, head_inputs
-from mimdm.profiles import PROFILES, get_profile
-
-
-def _sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def _seconds(fn, dev, repeats: int) -> float:
-    fn()  # warm-up
-    _sync(dev)
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    _sync(dev)
-    return (time.perf_counter() - t0) / repeats
+from mimdm.heads.mi_head import MIHead, forward_and_head_seconds
 
 
 def sudoku_setup(P, dev, random_init: bool):
     from mimdm.experiments import mi_head as mh
     from mimdm.models.sudoku import SudokuMDM
-    from mimdm.models.zoo import grids_to_tokens, profile_sudoku_mdm
+    from mimdm.pipelines.zoo import grids_to_tokens, profile_sudoku_mdm
 
     if random_init:
         torch.manual_seed(0)
@@ -108,13 +92,11 @@ def main(argv=None) -> None:
     with torch.no_grad():
         for B in args.batch:
             x = contexts(B)
-            fwd = _seconds(lambda: head_inputs(model, x, layer), dev, args.repeats)
-            h, m, e = head_inputs(model, x, layer)
-            hd = _seconds(lambda: head(h, m, e), dev, args.repeats)
+            fwd, hd = forward_and_head_seconds(model, head, x, layer, args.repeats)
             print(f"{B:6d} {fwd / B:14.3e} {hd / B:12.3e} {hd / fwd:13.3f}")
             per_ctx = (fwd + hd) / B
     if args.probe_contexts > 0:
-        from mimdm.probing import probe_mi
+        from mimdm.probing.exact import probe_mi
 
         x = contexts(args.probe_contexts)
         bt = P.probe_batch_tokens if args.what == "sudoku" else P.protein_labels.batch_tokens

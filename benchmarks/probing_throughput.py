@@ -9,13 +9,13 @@ import argparse
 import numpy as np
 import torch
 
+from mimdm.app.profiles import get_profile
+from mimdm.core.device import resolve_device
 from mimdm.data import sudoku as sd
-from mimdm.device import resolve_device
 from mimdm.experiments import ground_truth as gt
 from mimdm.experiments import mi_head as mh
-from mimdm.models.zoo import grids_to_tokens, profile_sudoku_mdm
-from mimdm.probing import probe_mi
-from mimdm.profiles import get_profile
+from mimdm.pipelines.zoo import grids_to_tokens, profile_sudoku_mdm
+from mimdm.probing.exact import probe_mi
 
 
 def main() -> None:

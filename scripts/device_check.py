@@ -7,7 +7,7 @@ Steps (each timed; units: passes = forward passes of a model on one sequence, i.
 
 1. ``sudoku_forward``   the profile's Sudoku MDM architecture (paper: 4 layers, d=384, 12 heads, FF 512),
                         forward passes/s at the probing batch size on contexts with 50 masked cells.
-2. ``sudoku_probing``   `mimdm.probing.probe_mi` on such contexts (1 + 50·9 = 451 passes each, no pruning):
+2. ``sudoku_probing``   `mimdm.probing.exact.probe_mi` on such contexts (1 + 50·9 = 451 passes each, no pruning):
                         passes/s and the ratio to raw forward throughput; the same probing under bf16
                         autocast and its MI error against fp32 (nats; the noise floor next to the ε swept;
                         `probe_mi` itself probes in fp32 unless told otherwise).
@@ -17,7 +17,7 @@ Steps (each timed; units: passes = forward passes of a model on one sequence, i.
                         profile's batch size: examples/s (training data are generated on the CPU, timed apart).
 5. ``decoding``         every unmasking rule on the same partial grids: wall-clock per grid, NFE, head passes,
                         ratios to sequential decoding.
-6. ``likelihood``       the time-free I-MDCE estimator (`mimdm.likelihood.time_free_nll`) on complete grids: NFE/s.
+6. ``likelihood``       the time-free I-MDCE estimator (`mimdm.evaluation.likelihood.time_free_nll`) on complete grids: NFE/s.
 7. ``esmc_forward``     the ESM-C architecture of the profile (paper: ESM C 300M, 960/15/30) at random init at
                         L residues, forward passes/s in fp32 and under bf16 autocast.
 8. ``protein_probing``  probing of one fully masked L-residue sequence with that model (1 + 20·L passes), fp32
@@ -54,10 +54,11 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(REPO))
 
-from mimdm.artifacts import git_commit  # noqa: E402
+from mimdm.app.profiles import PROFILES, get_profile  # noqa: E402
+from mimdm.core.artifacts import git_commit  # noqa: E402
+from mimdm.core.device import resolve_device  # noqa: E402
+from mimdm.core.timing import seconds_per_call, sync  # noqa: E402
 from mimdm.data import sudoku as sd  # noqa: E402
-from mimdm.device import resolve_device  # noqa: E402
-from mimdm.profiles import PROFILES, get_profile  # noqa: E402
 
 #: Slice sizes per profile. ``forward_batch`` None: the profile's probing batch (probe_batch_tokens / 81).
 SETTINGS = {
@@ -81,23 +82,6 @@ RATIO_KEYS = ("probing_over_forward", "head_over_forward", "forward_plus_head_sp
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def _per_call(fn, dev: torch.device, repeats: int, warmup: int = 1) -> float:
-    """Mean seconds of ``fn()`` over ``repeats`` calls after ``warmup`` untimed calls (CUDA synchronised)."""
-    for _ in range(warmup):
-        fn()
-    _sync(dev)
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    _sync(dev)
-    return (time.perf_counter() - t0) / repeats
-
-
 def _precision(model, dev: torch.device, bf16: bool):
     """bf16 through the package (`MaskedModel.set_precision`) on CUDA; on the CPU (smoke runs) a bf16 autocast context."""
     import contextlib
@@ -164,7 +148,7 @@ def environment(dev: torch.device, profile: str) -> dict:
 # ------------------------------------------------------------------------------------------ steps
 def step_sudoku_forward(ctx: dict) -> dict:
     from mimdm.models.sudoku import SudokuMDM
-    from mimdm.models.zoo import grids_to_tokens
+    from mimdm.pipelines.zoo import grids_to_tokens
 
     P, S, dev = ctx["P"], ctx["S"], ctx["dev"]
     with torch.random.fork_rng(devices=[]):
@@ -174,8 +158,8 @@ def step_sudoku_forward(ctx: dict) -> dict:
     B = S["forward_batch"] or P.probe_batch_tokens // 81
     x = grids_to_tokens(_partial_grids(B, 31, 0), dev)  # 50 masked cells
     with torch.no_grad():
-        sec = _per_call(lambda: model.log_probs(x), dev, S["repeats"])
-        sec64 = _per_call(lambda: model.log_probs(x[:64]), dev, S["repeats"])
+        sec = seconds_per_call(lambda: model.log_probs(x), dev, S["repeats"])
+        sec64 = seconds_per_call(lambda: model.log_probs(x[:64]), dev, S["repeats"])
     ctx["forward_passes_per_s"] = B / sec
     return {"n_parameters": model.n_parameters(), "config": P.sudoku_model.to_dict(), "weights": "random init (seed 0)",
             "batch": B, "seconds_per_batch": sec, "passes_per_s": B / sec,
@@ -183,8 +167,8 @@ def step_sudoku_forward(ctx: dict) -> dict:
 
 
 def step_sudoku_probing(ctx: dict) -> dict:
-    from mimdm.models.zoo import grids_to_tokens
-    from mimdm.probing import probe_mi
+    from mimdm.pipelines.zoo import grids_to_tokens
+    from mimdm.probing.exact import probe_mi
 
     P, S, dev, model = ctx["P"], ctx["S"], ctx["dev"], ctx["sudoku"]
     x = grids_to_tokens(_partial_grids(S["probe_contexts"], 31, 1), dev)
@@ -205,7 +189,7 @@ def step_sudoku_probing(ctx: dict) -> dict:
 
 def step_mi_head(ctx: dict) -> dict:
     from mimdm.experiments import mi_head as mh
-    from mimdm.heads import MIHead
+    from mimdm.heads.mi_head import MIHead
 
     P, S, dev, model = ctx["P"], ctx["S"], ctx["dev"], ctx["sudoku"]
     with torch.random.fork_rng(devices=[]):
@@ -221,7 +205,7 @@ def step_mi_head(ctx: dict) -> dict:
 
 def step_sudoku_training(ctx: dict) -> dict:
     from mimdm.models.training import TrainConfig, train_mdm
-    from mimdm.models.zoo import sudoku_batch
+    from mimdm.pipelines.zoo import sudoku_batch
 
     P, S, dev, model = ctx["P"], ctx["S"], ctx["dev"], ctx["sudoku"]
     steps, B = S["train_steps"], P.sudoku_train.batch_size
@@ -233,10 +217,10 @@ def step_sudoku_training(ctx: dict) -> dict:
     cfg = TrainConfig(steps=steps, batch_size=B, lr=P.sudoku_train.lr, warmup=max(1, steps // 10),
                       ckpt_every=steps, log_every=max(1, steps // 5), seed=0)
     with tempfile.TemporaryDirectory() as tmp:
-        _sync(dev)
+        sync(dev)
         t0 = time.perf_counter()
         log = train_mdm(model, sudoku_batch, cfg, Path(tmp) / "train_state.pt", progress=False)
-        _sync(dev)
+        sync(dev)
         sec = time.perf_counter() - t0
     model.eval()
     return {"steps": steps, "batch_size": B, "seconds": sec, "steps_per_s": steps / sec,
@@ -246,8 +230,8 @@ def step_sudoku_training(ctx: dict) -> dict:
 
 
 def step_decoding(ctx: dict) -> dict:
-    from mimdm.decoding import EBSampler, MIGuided, Sequential, Threshold, TopK, decode, head_mi_fn
-    from mimdm.models.zoo import grids_to_tokens, tokens_to_grids
+    from mimdm.pipelines.zoo import grids_to_tokens, tokens_to_grids
+    from mimdm.sampling.decoding import EBSampler, MIGuided, Sequential, Threshold, TopK, decode, head_mi_fn
 
     P, S, dev, model = ctx["P"], ctx["S"], ctx["dev"], ctx["sudoku"]
     grids = _partial_grids(S["decode_grids"], S["decode_clues"], 2)
@@ -259,9 +243,9 @@ def step_decoding(ctx: dict) -> dict:
     decode(model, x[:2], rules[0][2])  # warm-up
     rows = {}
     for name, knob, rule in rules:
-        _sync(dev)
+        sync(dev)
         out = decode(model, x, rule)
-        _sync(dev)
+        sync(dev)
         o = tokens_to_grids(out.tokens)
         valid = sd.is_valid_solution_batch(o) & np.all((grids == 0) | (o == grids), axis=1)
         nfe = float(out.nfe.float().mean())
@@ -279,16 +263,16 @@ def step_decoding(ctx: dict) -> dict:
 
 
 def step_likelihood(ctx: dict) -> dict:
-    from mimdm.likelihood import time_free_nll
-    from mimdm.models.zoo import grids_to_tokens
+    from mimdm.evaluation.likelihood import time_free_nll
+    from mimdm.pipelines.zoo import grids_to_tokens
 
     S, dev, model = ctx["S"], ctx["dev"], ctx["sudoku"]
     x = grids_to_tokens(sd.random_solutions(S["nll_grids"], np.random.default_rng(3)), dev)
     time_free_nll(model, x[:1], n_samples=2)  # warm-up
-    _sync(dev)
+    sync(dev)
     t0 = time.perf_counter()
     est = time_free_nll(model, x, n_samples=S["nll_draws"], seed=0)
-    _sync(dev)
+    sync(dev)
     sec = time.perf_counter() - t0
     nfe = int(est.nfe.sum())
     return {"grids": len(x), "draws_per_grid": S["nll_draws"], "nfe_total": nfe, "seconds": sec, "nfe_per_s": nfe / sec,
@@ -316,7 +300,7 @@ def step_esmc_forward(ctx: dict) -> dict:
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         with torch.no_grad(), _precision(model, dev, bf16):
-            sec = _per_call(lambda: model(x), dev, ctx["S"]["repeats"])
+            sec = seconds_per_call(lambda: model(x), dev, ctx["S"]["repeats"])
         out[tag] = {"seconds_per_batch": sec, "passes_per_s": B / sec, "tokens_per_s": B * L / sec,
                     "peak_mib": _peak_mib(dev)}
     model.precision = "fp32"
@@ -326,8 +310,8 @@ def step_esmc_forward(ctx: dict) -> dict:
 
 
 def step_protein_probing(ctx: dict) -> dict:
-    from mimdm.device import auto_batch_tokens
-    from mimdm.probing import probe_mi
+    from mimdm.core.device import auto_batch_tokens
+    from mimdm.probing.exact import probe_mi
 
     P, S, dev, model = ctx["P"], ctx["S"], ctx["dev"], ctx["esmc"]
     L = S["protein_probe_length"]
@@ -369,7 +353,7 @@ def step_protein_probing(ctx: dict) -> dict:
 
 def step_protein_head(ctx: dict) -> dict:
     from mimdm.experiments.mi_head import protein_head_config_for
-    from mimdm.heads import MIHead, head_inputs
+    from mimdm.heads.mi_head import MIHead, forward_and_head_seconds
 
     P, S, dev, model = ctx["P"], ctx["S"], ctx["dev"], ctx["esmc"]
     with torch.random.fork_rng(devices=[]):
@@ -379,9 +363,7 @@ def step_protein_head(ctx: dict) -> dict:
     x = torch.full((B, L), model.mask_id, dtype=torch.long, device=dev)
     x[:, ::2] = model.value_token_ids[0]  # half masked
     with torch.no_grad():
-        fwd = _per_call(lambda: head_inputs(model, x), dev, S["repeats"])
-        h, m, e = head_inputs(model, x)
-        hs = _per_call(lambda: head(h, m, e), dev, S["repeats"])
+        fwd, hs = forward_and_head_seconds(model, head, x, repeats=S["repeats"])
     return {"n_parameters": head.n_parameters(), "config": head.config.to_dict(), "length": L, "batch": B,
             "mdm_forward_s": fwd / B, "head_s": hs / B, "head_over_forward": hs / fwd, "peak_mib": _peak_mib(dev)}
 

@@ -1,7 +1,7 @@
 """Train (or find in the cache) a profile's models and ship them as checkpoints under ``checkpoints/<profile>/``.
 
 What is shipped and how each slot's evaluation is defined: `mimdm.experiments.ship`; the format and the
-checks ``make book`` runs on them: `mimdm.shipped`. Run from the repository root, at low priority, e.g.
+checks ``make book`` runs on them: `mimdm.core.shipped`. Run from the repository root, at low priority, e.g.
 
     nice -n 19 .venv/bin/python scripts/ship_checkpoints.py --profile cpu --what protein
 
@@ -28,8 +28,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     os.environ.pop("MIMDM_SHIPPED_ONLY", None)
+    from mimdm.app.profiles import get_profile
     from mimdm.experiments import ship
-    from mimdm.profiles import get_profile
 
     try:
         profile = get_profile(args.profile)
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
             return 1
         for d in dirs:
             print(f"[ship] {d}", flush=True)
-    from mimdm import shipped
+    from mimdm.core import shipped
 
     (shipped.profile_dir(profile.name) / "README.md").write_text(shipped.readme(profile.name))
     print(f"[ship] done in {(time.perf_counter() - t0) / 60:.1f} min", flush=True)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Start or continue the long `cpu` Sudoku MDM run (issue 20), resumable across sessions.
 
-Trains one of `mimdm.models.long_run.RUNS` (``--run long``: `long_run_configs`, the shipped `cpu` model;
+Trains one of `mimdm.pipelines.long_run.RUNS` (``--run long``: `long_run_configs`, the shipped `cpu` model;
 ``--run relation``: `relation_run_configs`) in ``--state-dir`` (default ``checkpoints/sudoku_cpu_long`` or
 ``checkpoints/sudoku_cpu_relation``), checkpointing ``state.pt`` atomically every 500 steps and
 appending the solve-rate curve to ``curve.jsonl`` every ``--eval-every`` steps. Run it again with
@@ -21,7 +21,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mimdm.models.long_run import RUNS, run_long_training  # noqa: E402
+from mimdm.pipelines.long_run import RUNS, run_long_training  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hours", type=float, default=None, help="wall-clock budget of this call (default: until done)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--run", choices=sorted(RUNS), default="long",
-                    help="which configuration (mimdm.models.long_run.RUNS; default: long)")
+                    help="which configuration (mimdm.pipelines.long_run.RUNS; default: long)")
     ap.add_argument("--state-dir", type=Path, default=None,
                     help="the run's folder (default: checkpoints/<the run's folder>)")
     ap.add_argument("--eval-every", type=int, default=1000, help="steps between solve-rate evaluations")

@@ -3,13 +3,13 @@ import numpy as np
 import pytest
 import torch
 
+from mimdm.core.information import pairwise_mi
 from mimdm.data import sudoku as sd
-from mimdm.likelihood import time_free_nll
-from mimdm.metrics import graph_recovery, pair_values
+from mimdm.evaluation.likelihood import time_free_nll
+from mimdm.evaluation.metrics import graph_recovery, pair_values
+from mimdm.evaluation.protein_quality import fraction_above, recovery
 from mimdm.models.oracle import TableJointMDM
-from mimdm.models.zoo import grids_to_tokens
-from mimdm.probing import pairwise_mi
-from mimdm.protein_quality import fraction_above, recovery
+from mimdm.pipelines.zoo import grids_to_tokens
 
 
 def test_grids_to_tokens_refuses_fractions_booleans_and_a_missing_device():
@@ -70,7 +70,7 @@ def test_nll_estimators_refuse_non_integer_counts():
 
 
 def test_sample_data_mi_needs_a_grid():
-    from mimdm.sudoku_mi import sample_data_mi
+    from mimdm.probing.sudoku_mi import sample_data_mi
 
     with pytest.raises(ValueError, match="n_grids must be >= 1"):
         sample_data_mi(0, np.random.default_rng(0))
@@ -91,10 +91,10 @@ class _BrokenAfter:
 
 
 def test_non_finite_model_output_is_an_error_in_decoding_probing_and_likelihood():
-    from mimdm.decoding import Sequential, decode
-    from mimdm.models.base import NonFiniteOutputError
+    from mimdm.core.contract import NonFiniteOutputError
     from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
-    from mimdm.probing import probe_mi
+    from mimdm.probing.exact import probe_mi
+    from mimdm.sampling.decoding import Sequential, decode
 
     torch.manual_seed(0)
     model = SudokuMDM(SudokuMDMConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32)).eval()

@@ -6,11 +6,11 @@ import nbformat
 import pytest
 import yaml
 
-from mimdm.artifacts import REPO_ROOT
-from mimdm.book import CHAPTERS, copy_book_sources, run_book
+from mimdm.app.book import CHAPTERS, copy_book_sources, run_book
+from mimdm.app.profiles import get_profile
+from mimdm.core.artifacts import REPO_ROOT
 from mimdm.experiments.protein import HEADLINE_KEYS
 from mimdm.experiments.speedup import HEADLINE_KEYS as SPEEDUP_KEYS
-from mimdm.profiles import get_profile
 
 
 def test_toc_lists_every_chapter_notebook():
@@ -50,19 +50,23 @@ def test_committed_chapters_are_executed_with_results_from_a_full_run():
 @pytest.mark.slow
 def test_smoke_book_runs_and_builds(tmp_path):
     root = copy_book_sources(tmp_path / "book_copy")
+    record = {p.name: p.read_bytes() for p in (root / "book" / "results").glob("*.json")}
     index = run_book("smoke", "cpu", root=root, progress=False)
     assert index.is_file()
-    res = json.loads((root / "book" / "results" / "ground_truth_mi.json").read_text())
+    # a smoke run writes its own results/smoke/ and leaves the book's record as it was
+    assert {p.name: p.read_bytes() for p in (root / "book" / "results").glob("*.json")} == record
+    results = root / "book" / "results" / "smoke"
+    res = json.loads((results / "ground_truth_mi.json").read_text())
     assert res["profile"] == "smoke"
     v = res["values"]
     assert v["oracle"]["max_abs_error"] < 1e-6
     assert len(v["levels"]) == 5 and all(0 <= lv["auroc"] <= 1 for lv in v["levels"])
     assert v["levels"][-1]["contexts"] == "unique puzzles"
     for stem in RESULTS.values():
-        assert json.loads((root / "book" / "results" / f"{stem}.json").read_text())["profile"] == "smoke"
-    lik = json.loads((root / "book" / "results" / "likelihood.json").read_text())["values"]
+        assert json.loads((results / f"{stem}.json").read_text())["profile"] == "smoke"
+    lik = json.loads((results / "likelihood.json").read_text())["values"]
     assert lik["oracle"]["exhaustive_max_error"] < 1e-9
-    prot = json.loads((root / "book" / "results" / "protein.json").read_text())["values"]
+    prot = json.loads((results / "protein.json").read_text())["values"]
     methods = {r["method"] for r in prot["contacts"]}
     assert {"alignment MI + APC", "categorical Jacobian + APC", "probed MI, 100% masked + APC", "coupling norm + APC",
             "pseudo-likelihood Potts (plmDCA) + APC", "MI head, 100% masked + APC"} <= methods
@@ -73,9 +77,9 @@ def test_smoke_book_runs_and_builds(tmp_path):
     smoke = get_profile("smoke")
     assert set(v["headline"]) == {"solve_rate_30_35", "solve_rate_hard"}
     assert v["hard_set"]["n"] == smoke.hard_puzzles and 0 <= v["headline"]["solve_rate_hard"] <= 1
-    est = json.loads((root / "book" / "results" / "estimator_accuracy.json").read_text())["values"]
+    est = json.loads((results / "estimator_accuracy.json").read_text())["values"]
     assert set(est["headline"]) == {"head_pearson", "head_over_forward"} and est["headline"]["head_over_forward"] > 0
-    spd = json.loads((root / "book" / "results" / "speedup.json").read_text())["values"]
+    spd = json.loads((results / "speedup.json").read_text())["values"]
     assert tuple(spd["headline"]) == SPEEDUP_KEYS and spd["headline"]["n_hard"] == smoke.hard_puzzles
     assert (spd["dev_set"]["n"], spd["hard_set"]["n"]) == (smoke.dev_puzzles, smoke.hard_puzzles)
     assert spd["held_out"][0]["rule"] == "sequential" and spd["held_out"][0]["n"] == smoke.hard_puzzles
@@ -85,6 +89,8 @@ def test_smoke_book_runs_and_builds(tmp_path):
         nb = nbformat.read(root / ch, 4)
         errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
         assert not errors, ch
+        injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+        assert len(injected) == 1 and "remove-cell" in injected[0].metadata["tags"], ch  # not shown on the page
         pngs = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
         assert pngs >= 2, ch
         html = (root / "_build" / "html" / ch.replace(".ipynb", ".html")).read_text()
@@ -96,3 +102,28 @@ def test_smoke_book_runs_and_builds(tmp_path):
     html = (root / "_build/html/book/mi_explorer.html").read_text()
     assert "application/vnd.jupyter.widget-state+json" in html and "_static/vendor/html-manager-1.0.15/embed-amd.js" in html
     assert not re.search(r'<script[^>]*src="https?://', html)
+
+
+def test_only_the_main_job_under_a_full_profile_writes_the_record(tmp_path):
+    from mimdm.core.results import write_results
+
+    smoke, cpu = get_profile("smoke"), get_profile("cpu")
+    assert write_results("x", {"a": 1}, smoke, "cpu", tmp_path, record=True) == tmp_path / "smoke" / "x.json"
+    assert write_results("x", {"a": 2}, cpu, "cpu", tmp_path) == tmp_path / "cpu" / "x.json"
+    assert write_results("x", {"a": float("nan")}, cpu, "cpu", tmp_path, record=True) == tmp_path / "x.json"
+    rec = json.loads((tmp_path / "x.json").read_text())
+    assert rec["profile"] == "cpu" and rec["values"] == {"a": None} and rec["config"]["name"] == "cpu"
+    assert json.loads((tmp_path / "smoke" / "x.json").read_text())["values"] == {"a": 1}
+
+
+def test_chapter_pages_hide_code_and_explain_every_parameter():
+    for ch in CHAPTERS:
+        nb = nbformat.read(REPO_ROOT / ch, 4)
+        for c in (c for c in nb.cells if c.cell_type == "code"):
+            tags = c.metadata.get("tags", [])
+            if "parameters" in tags:  # kept on the page: every parameter with a comment saying what it does
+                assert all("#" in line for line in c.source.splitlines() if "=" in line), ch
+            elif "injected-parameters" in tags:
+                assert "remove-cell" in tags, ch
+            else:
+                assert {"hide-input", "remove-input"} & set(tags), (ch, c.source[:60])

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from mimdm.artifacts import REPO_ROOT
-from mimdm import cli
-from mimdm.cli import PROFILE_NAMES, main
+from mimdm.app import commands
+from mimdm.app.cli import PROFILE_NAMES, main
+from mimdm.app.profiles import PROFILES
+from mimdm.core.artifacts import REPO_ROOT
 from mimdm.data import sudoku as sd
-from mimdm.profiles import PROFILES
 
 PUZZLE = "53..7....6..195....98....6.8...6...34..8.3..17...2...6.6....28....419..5....8..79"
 COMMANDS = ["train", "probe", "fit-head", "decode", "nll", "book"]
@@ -103,6 +103,32 @@ def test_missing_checkpoint_tells_to_train(tmp_path, monkeypatch, capsys):
         assert code == 1, argv
         assert "no trained Sudoku MDM for profile 'smoke'" in err and "run `mimdm train --profile smoke" in err
         assert "Traceback" not in err
+    for argv in (["decode", "--profile", "smoke", "--rule", "mi", PUZZLE], ["decode", "--profile", "smoke", "--protein",
+                                                                              "MKV__A"]):
+        assert run(argv, capsys)[0] == 1, argv
+    assert not (tmp_path / "empty").exists()  # read-only commands create no artifact folder
+
+
+def test_unsolvable_puzzle_and_negative_counts_are_one_line_errors(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MIMDM_ARTIFACTS", str(tmp_path / "empty"))
+    # givens that break no rule, but cell 9 can hold neither 1-8 (its row) nor 9 (its column)
+    unsolvable = "12345678." + "........9" + "." * 63
+    code, _, err = run(["decode", "--profile", "smoke", PUZZLE, unsolvable], capsys)
+    assert code == 2 and "puzzle 2 ('12345678.........9............') has no solution" in err
+    code, _, err = run(["probe", "--profile", "smoke", "--max-new-shards", "-5"], capsys)
+    assert code == 2 and "argument --max-new-shards: must be >= 0, got -5" in err
+    assert "Traceback" not in err and not (tmp_path / "empty").exists()
+
+
+def test_run_as_a_module_errors_are_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "MIMDM_ARTIFACTS": str(tmp_path / "empty")}
+    out = subprocess.run([sys.executable, "-m", "mimdm.app.cli", "decode", "--profile", "smoke", PUZZLE],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [l for l in out.stderr.strip().splitlines() if "error:" in l]
 
 
 def _decode_json(argv, capsys):
@@ -137,7 +163,7 @@ def test_decode_fills_the_grid_and_keeps_the_givens(trained, capsys):
 
 def test_decode_mi_needs_the_head(trained, capsys, monkeypatch, tmp_path):
     # whether another test already trained the smoke head does not matter: the head is looked for elsewhere
-    monkeypatch.setattr(cli, "_head_path", lambda *a, **k: tmp_path / "no-head" / "head.pt")
+    monkeypatch.setattr(commands, "_head_path", lambda *a, **k: tmp_path / "no-head" / "head.pt")
     code, _, err = run(["decode", "--profile", "smoke", "--rule", "mi", PUZZLE], capsys)
     assert code == 1 and "run `mimdm fit-head --profile smoke`" in err
 
@@ -153,11 +179,12 @@ def test_nll_of_complete_grids(trained, capsys):
         assert r["nfe"] == 4 and r["nll_nats"] > 0 and r["stderr_nats"] >= 0 and r["valid"]
     # the library's estimator with its default (uniform) mask sizes, same seed: the same numbers
     import torch
-    from mimdm.likelihood import time_free_nll
-    from mimdm.models.zoo import grids_to_tokens
+
+    from mimdm.evaluation.likelihood import time_free_nll
+    from mimdm.pipelines.zoo import grids_to_tokens
 
     assert res["sizes"] == "uniform" and res["seed"] == 0
-    model, _ = cli._load_sudoku(PROFILES["smoke"], torch.device("cpu"))
+    model, _ = commands._load_sudoku(PROFILES["smoke"], torch.device("cpu"))
     est = time_free_nll(model, grids_to_tokens(grids), n_samples=4, seed=0)
     assert [r["nll_nats"] for r in res["results"]] == pytest.approx(est.value.tolist(), rel=1e-9)
     code, out, _ = run(["nll", "--profile", "smoke", "--samples", "4", strings[0]], capsys)
@@ -167,12 +194,16 @@ def test_nll_of_complete_grids(trained, capsys):
     code, _, err = run(["nll", "--profile", "smoke", "--samples", "100000000", strings[0]], capsys)
     assert code == 2 and "100,000,000 mask draws" in err and "lower the number of draws" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    code, out, err = run(["nll", "--profile", "smoke", "--samples", "1", "--json", strings[0]], capsys)
+    assert code == 0 and json.loads(out)["results"][0]["stderr_nats"] is None  # valid JSON: null, not NaN
+    code, out, err = run(["nll", "--profile", "smoke", "--samples", "1", strings[0]], capsys)
+    assert code == 0 and "± n/a nats" in out
     code, out, err = run(["nll", "--profile", "smoke", "--samples", "4", "--device", "cpu:0", strings[0]], capsys)
     assert code == 0, err
 
 
 def test_corrupt_checkpoint_and_non_finite_output_are_one_line_errors(trained, capsys, monkeypatch):
-    from mimdm.models.zoo import profile_sudoku_mdm
+    from mimdm.pipelines.zoo import profile_sudoku_mdm
 
     path = profile_sudoku_mdm(PROFILES["smoke"], train=False, progress=False)[1]["path"]
     good = Path(path).read_bytes()

@@ -5,11 +5,21 @@ import pytest
 import torch
 
 from mimdm.data import sudoku as sd
-from mimdm.decoding import (EBSampler, MIGuided, Sequential, Threshold, TopK, decode, head_mi_fn, oracle_mi_fn,
-                            zero_mi_fn)
-from mimdm.heads import MIHead, MIHeadConfig, head_inputs
+from mimdm.heads.mi_head import MIHead, MIHeadConfig, head_inputs
 from mimdm.models.oracle import TableJointMDM, potts_chain_log_joint
-from mimdm.models.zoo import grids_to_tokens
+from mimdm.pipelines.zoo import grids_to_tokens
+from mimdm.sampling.decoding import (
+    EBSampler,
+    MIGuided,
+    Sequential,
+    Threshold,
+    TopK,
+    decode,
+    head_mi_fn,
+    oracle_mi_fn,
+    zero_mi_fn,
+)
+
 
 @pytest.fixture(scope="module")
 def puzzles():
@@ -182,7 +192,7 @@ def test_same_seed_same_result_and_temperature_sampling(tiny, puzzles):
 
 
 def _step_info(probs, masked):
-    from mimdm.decoding import StepInfo
+    from mimdm.sampling.decoding import StepInfo
 
     ent = -(probs * probs.clamp_min(1e-30).log()).sum(-1) * masked
     return StepInfo(probs=probs, entropy=ent, masked=masked, tokens=torch.zeros(masked.shape, dtype=torch.long),
@@ -220,7 +230,7 @@ def test_temperature_sampling_follows_the_model_marginal():
 def test_eb_sampler_prefix_rule():
     """Entropies 0.1, 0.2, 0.3 (+unmasked): gamma=0.25 admits the prefix {0.1, 0.2} (0.3 - 0.2 = 0.1),
     not {0.1, 0.2, 0.3} (0.6 - 0.3 = 0.3)."""
-    from mimdm.decoding import StepInfo
+    from mimdm.sampling.decoding import StepInfo
 
     ent = torch.tensor([[0.3, 0.1, 0.0, 0.2]])
     masked = torch.tensor([[True, True, False, True]])
@@ -232,7 +242,7 @@ def test_eb_sampler_prefix_rule():
 
 
 def test_mi_guided_greedy_admission_eps_budget_and_cap():
-    from mimdm.decoding import StepInfo
+    from mimdm.sampling.decoding import StepInfo
 
     ent = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.0]])
     masked = torch.tensor([[True, True, True, True, False]])

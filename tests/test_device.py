@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from mimdm.device import auto_batch_tokens, tokens_for_budget
+from mimdm.core.device import auto_batch_tokens, tokens_for_budget
 from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
 
 

@@ -1,5 +1,6 @@
 """Sharded label generation and DDP head training on 2 CPU processes (gloo), against single-process runs."""
 import json
+import math
 import os
 import socket
 from functools import partial
@@ -11,10 +12,20 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from mimdm.distributed import generate_labels_distributed, marker_path, shard_path, train_head_ddp
-from mimdm.heads import HeadTrainConfig, MIHeadConfig, load_head, train_head
-from mimdm.labels import LabelConfig, generate_labels, load_labels
+from mimdm.core.artifacts import file_lock
+from mimdm.heads.mi_head import (
+    HeadTrainConfig,
+    MIHead,
+    MIHeadConfig,
+    evaluate_loss,
+    load_head,
+    make_optimizer,
+    mi_loss,
+    train_head,
+)
 from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
+from mimdm.pipelines.distributed import generate_labels_distributed
+from mimdm.pipelines.labels import LabelConfig, compute_shards, generate_labels, label_shard, load_labels, shard_path
 
 TINY = SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)
 CFG = LabelConfig(n_shards=4, sources_per_shard=2, contexts_per_source=2, layers=(-1, 1))
@@ -63,8 +74,15 @@ def _labels_job(rank, out_dir, report, crash=False):
     hook = partial(_crash, Path(out_dir)) if crash and rank == 1 else None
     rep = generate_labels_distributed(_model(), CFG, out_dir, progress=False, on_shard_done=hook)
     if rank == 0:
-        Path(report).write_text(json.dumps({"computed": rep.computed, "recovered": rep.recovered,
+        Path(report).write_text(json.dumps({"computed": rep.computed, "dropped": rep.dropped,
                                             "complete": rep.complete}))
+
+
+def _alone_job(rank, out_dir, report_dir):
+    """A run of its own (no process group) on a folder another run works on at the same time."""
+    rep = compute_shards(Path(out_dir), CFG.to_dict(), CFG.n_shards, lambda k: label_shard(_model(), CFG, k),
+                         progress=False)
+    (Path(report_dir) / f"alone{rank}.json").write_text(json.dumps(rep.computed))
 
 
 def _mismatch_job(rank, out_dir):
@@ -77,8 +95,8 @@ def _mismatch_job(rank, out_dir):
 
 def _head_job(rank, labels, out):
     out = Path(out)
-    head, log = train_head_ddp(load_labels(labels, "train"), load_labels(labels, "val"), HEAD, TRAIN, mask_id=9,
-                               progress=False, save_path=out / "head.pt")
+    head, log = train_head(load_labels(labels, "train"), load_labels(labels, "val"), HEAD, TRAIN, mask_id=9,
+                           progress=False, save_path=out / "head.pt")
     torch.save(head.state_dict(), out / f"rank{rank}.pt")
     (out / f"log{rank}.json").write_text(json.dumps(log))
 
@@ -146,22 +164,21 @@ def test_a_crashed_rank_loses_only_its_unfinished_shards(tmp_path, reference):
     with pytest.raises(mp.ProcessExitedException):
         _spawn(_labels_job, str(out), str(tmp_path / "rep.json"), True)
     man = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else {"shards": {}}
-    finished = {int(k) for k in man["shards"]} | {k for k in range(CFG.n_shards) if marker_path(out, k).exists()}
+    finished = {int(k) for k in man["shards"]}  # every shard whose hook ran is in the manifest
     assert 1 in finished and 3 not in finished and shard_path(out, 3).exists()  # 3 is torn
     _spawn(_labels_job, str(out), str(tmp_path / "rep.json"))
     rep = _report(tmp_path / "rep.json")
     print("finished before restart:", sorted(finished), "restart:", rep)
     redone = sorted(k for c in rep["computed"] for k in c)
     assert redone == sorted(set(range(CFG.n_shards)) - finished) and 3 in redone and rep["complete"]
-    assert sorted(rep["recovered"]) == sorted(finished - {int(k) for k in man["shards"]})  # markers merged
-    assert not list(out.glob("*.done.json")) and not list(out.glob("*.tmp"))
+    assert not list(out.glob("*.tmp")) and not list(out.glob("shard_*.lock"))
     _assert_same_label_dir(reference, out)
 
 
 def test_ddp_head_training_on_two_processes(tmp_path, reference):
     _spawn(_head_job, str(reference), str(tmp_path))
     head, rec = load_head(tmp_path / "head.pt")
-    assert rec["extra"] == {"trainer": "ddp", "world_size": 2}
+    assert rec["extra"] == {"world_size": 2}
     s0, s1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
     assert all(torch.equal(s0[k], s1[k]) for k in s0)  # identical weights on both ranks
     assert all(torch.equal(v, head.state_dict()[k]) for k, v in s0.items())
@@ -170,14 +187,54 @@ def test_ddp_head_training_on_two_processes(tmp_path, reference):
     assert all(np.isfinite(e["train_loss"]) and np.isfinite(e["val_loss"]) for e in log0)
 
 
-def test_ddp_trainer_alone_reproduces_train_head(reference, one_thread):
+def _single_process_reference(train, val, head_cfg, cfg, mask_id):
+    """The single-process trainer as it was before the DDP trainer became the only one (commit c71859b)."""
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    head = MIHead(head_cfg)
+    n = len(train["tokens"])
+    opt, sched = make_optimizer(head, cfg, math.ceil(n / cfg.batch_size))
+    best, best_state, log = float("inf"), None, []
+    for epoch in range(cfg.epochs):
+        head.train()
+        losses = []
+        idx = rng.permutation(n)
+        for s in range(0, n, cfg.batch_size):
+            b = torch.from_numpy(idx[s:s + cfg.batch_size])
+            masked = train["tokens"][b] == mask_id
+            pred = head(train[f"hidden_{cfg.layer}"][b], masked, train["entropy"][b])
+            loss = mi_loss(pred, train["mi"][b], masked, cfg.loss, cfg.loss_scale, cfg.loss_weight_scale)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if sched is not None:
+                sched.step()
+            losses.append(loss.item())
+        head.eval()
+        tot, cnt = 0.0, 0
+        with torch.no_grad():
+            for s in range(0, len(val["tokens"]), 64):
+                b = torch.arange(s, min(s + 64, len(val["tokens"])))
+                masked = val["tokens"][b] == mask_id
+                pred = head(val[f"hidden_{cfg.layer}"][b], masked, val["entropy"][b])
+                tot += mi_loss(pred, val["mi"][b], masked, cfg.loss, cfg.loss_scale, cfg.loss_weight_scale).item() * len(b)
+                cnt += len(b)
+        log.append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)), "val_loss": tot / cnt})
+        if tot / cnt < best - 1e-6:
+            best, best_state = tot / cnt, {k: x.clone() for k, x in head.state_dict().items()}
+    head.load_state_dict(best_state)
+    return head, log
+
+
+def test_trainer_alone_reproduces_the_single_process_loop(reference, one_thread):
     tr, va = load_labels(reference, "train"), load_labels(reference, "val")
-    cfg = HeadTrainConfig(epochs=3, batch_size=5, patience=3)
-    a, log_a = train_head(tr, va, HEAD, cfg, mask_id=9, progress=False)
-    b, log_b = train_head_ddp(tr, va, HEAD, cfg, mask_id=9, progress=False)
+    cfg = HeadTrainConfig(epochs=3, batch_size=5, patience=None)
+    a, log_a = _single_process_reference(tr, va, HEAD, cfg, mask_id=9)
+    b, log_b = train_head(tr, va, HEAD, cfg, mask_id=9, progress=False)
     assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
-    strip = lambda log: [{k: v for k, v in e.items() if k != "seconds"} for e in log]  # noqa: E731
-    assert strip(log_a) == strip(log_b)
+    assert log_a == [{k: v for k, v in e.items() if k != "seconds"} for e in log_b]
+    assert evaluate_loss(b, va, cfg.layer, cfg.loss, 9, scale=cfg.loss_scale,
+                         weight_scale=cfg.loss_weight_scale) == min(e["val_loss"] for e in log_a)
 
 
 def test_ddp_trainer_refuses_empty_splits(reference):
@@ -185,10 +242,38 @@ def test_ddp_trainer_refuses_empty_splits(reference):
     empty = {k: v[:0] if torch.is_tensor(v) else v for k, v in va.items()}
     for a, b, name in ((tr, empty, "validation"), (empty, va, "training")):
         with pytest.raises(ValueError, match=f"the {name} split holds no contexts"):
-            train_head_ddp(a, b, HEAD, TRAIN, mask_id=9, progress=False)
+            train_head(a, b, HEAD, TRAIN, mask_id=9, progress=False)
 
 
 def test_ranks_with_different_models_refuse(tmp_path):
     with pytest.raises(mp.ProcessRaisedException, match="different model weights"):
         _spawn(_mismatch_job, str(tmp_path / "labels"))
     assert not list((tmp_path / "labels").glob("shard_*"))
+
+
+def test_two_runs_on_one_folder_split_the_shards(tmp_path, reference):
+    out = tmp_path / "labels"
+    _spawn(_alone_job, str(out), str(tmp_path))
+    a, b = (set(json.loads((tmp_path / f"alone{r}.json").read_text())) for r in (0, 1))
+    assert not a & b and a | b == set(range(CFG.n_shards))  # nothing computed twice, nothing lost
+    _assert_same_label_dir(reference, out)
+
+
+def test_a_shard_held_by_another_run_is_left_to_it_then_waited_for(tmp_path):
+    calls = []
+
+    def make(k):
+        calls.append(k)
+        return {"tokens": torch.full((2, 3), k), "nfe": torch.ones(2, dtype=torch.long), "seconds": 0.0}
+
+    out = tmp_path / "labels"
+    with file_lock(out / "shard_00000.lock") as held:  # another run computing shard 0
+        assert held
+        rep = compute_shards(out, {"c": 1}, 4, make, progress=False, max_new_shards=3)
+        assert rep.computed == [1, 2, 3] and not rep.complete
+        assert sorted(json.loads((out / "manifest.json").read_text())["shards"]) == ["1", "2", "3"]
+    rep = compute_shards(out, {"c": 1}, 4, make, progress=False)  # that run died: shard 0 is computed here
+    assert rep.computed == [0] and rep.complete and calls == [1, 2, 3, 0]
+    assert compute_shards(out, {"c": 1}, 4, make, progress=False).computed == []
+    with pytest.raises(ValueError, match="max_new_shards must be >= 0"):
+        compute_shards(out, {"c": 1}, 4, make, progress=False, max_new_shards=-5)

@@ -4,15 +4,24 @@ import numpy as np
 import pytest
 import torch
 
-from mimdm.artifacts import atomic_save, load_checkpoint, module_sha256, tensor_sha256
+from mimdm.core.artifacts import atomic_save, load_checkpoint, module_sha256, tensor_sha256
 from mimdm.data import sudoku as sd
-from mimdm.decoding import EBSampler, MIGuided, Sequential, decode, head_mi_fn, zero_mi_fn
-from mimdm.evalcache import EvalCache, cached_conditional_nll, cached_decode, decode_key, recheck, rule_from_key, rule_key
+from mimdm.evaluation.evalcache import (
+    EvalCache,
+    cached_conditional_nll,
+    cached_decode,
+    decode_key,
+    recheck,
+    rule_from_key,
+    rule_key,
+)
 from mimdm.experiments import likelihood as lk
 from mimdm.experiments import speedup as sp
-from mimdm.heads import MIHead, MIHeadConfig
+from mimdm.heads.mi_head import MIHead, MIHeadConfig
 from mimdm.models.sudoku import SudokuMDM
-from mimdm.models.zoo import grids_to_tokens
+from mimdm.pipelines.zoo import grids_to_tokens
+from mimdm.sampling.decoding import EBSampler, MIGuided, Sequential, decode, head_mi_fn, zero_mi_fn
+
 
 @pytest.fixture(scope="module")
 def puzzles():
@@ -120,7 +129,7 @@ def test_sweep_through_the_cache_gives_the_same_rows(tiny, x, puzzles, tmp_path)
 
 
 def test_rule_from_key_inverts_rule_key():
-    from mimdm.decoding import Threshold, TopK
+    from mimdm.sampling.decoding import Threshold, TopK
 
     head = MIHead(MIHeadConfig(d_in=32))
     sha = module_sha256(head)

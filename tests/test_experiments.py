@@ -66,7 +66,7 @@ def test_constraint_recovery_of_graph_shaped_maps():
 
 def test_speedup_scoring_and_tables(tmp_path):
     from mimdm.experiments import speedup as sp
-    from mimdm.models.zoo import grids_to_tokens
+    from mimdm.pipelines.zoo import grids_to_tokens
 
     rng = np.random.default_rng(0)
     ps = sp.hard_puzzles(3, (30, 31), rng)
@@ -86,7 +86,7 @@ def test_speedup_scoring_and_tables(tmp_path):
         sp.hard_puzzle_split(0, 5, (30, 31), 7)
     from dataclasses import replace
 
-    from mimdm.profiles import get_profile
+    from mimdm.app.profiles import get_profile
 
     P = replace(get_profile("smoke"), dev_puzzles=2, hard_puzzles=3, hard_clues=(30, 31), generation_contexts=2)
     d1, t1, g1 = sp.chapter_sets(P, seed=3, root=tmp_path)
@@ -121,8 +121,8 @@ def test_speedup_scoring_and_tables(tmp_path):
 def test_pareto_front_oracle_gap_and_capped_rules():
     import math
 
-    from mimdm.decoding import MIGuided
     from mimdm.experiments import speedup as sp
+    from mimdm.sampling.decoding import MIGuided
 
     rows = [{"rule": "MI-guided", "knob": e, "entropy_cap": c, "nfe": n, "solve_rate": q}
             for e, c, n, q in [(0.01, 0.3, 20, 0.5), (0.03, 0.3, 18, 0.5), (0.01, 0.5, 15, 0.3), (0.1, 0.5, 16, 0.2),
@@ -167,9 +167,9 @@ def test_rate_interval_is_the_wilson_interval_and_generation_grid_is_a_subset():
 def test_entropy_cap_control_costs_no_head_pass_and_equals_the_capped_rule_without_mi():
     import math
 
-    from mimdm.decoding import MIGuided, decode, head_mi_fn, zero_mi_fn
-    from mimdm.heads import MIHead, MIHeadConfig
+    from mimdm.heads.mi_head import MIHead, MIHeadConfig
     from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
+    from mimdm.sampling.decoding import MIGuided, decode, head_mi_fn, zero_mi_fn
 
     torch.manual_seed(0)
     model = SudokuMDM(SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)).eval()
@@ -213,7 +213,7 @@ def test_paired_comparison_mcnemar_and_bootstrap_interval():
 
 def test_per_item_outcomes_feed_paired_matched_and_oracle_rows():
     from mimdm.experiments import speedup as sp
-    from mimdm.models.zoo import grids_to_tokens
+    from mimdm.pipelines.zoo import grids_to_tokens
 
     rng = np.random.default_rng(1)
     ps = sp.hard_puzzles(3, (30, 31), rng)
@@ -324,3 +324,47 @@ def test_settings_chosen_on_dev_are_reported_on_held_out_items():
         sp.report_held_out([row("sequential", nan, 60, 0.8)], "solve_rate")
     with pytest.raises(ValueError, match="sequential decoding as the reference"):
         sp.report_held_out(test[1:], "solve_rate")
+
+
+def _committed_findings(notebook: str, marker: str) -> str:
+    """The one Markdown output of a committed chapter that contains ``marker``."""
+    import json
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "book" / notebook).read_text())
+    shown = ["".join(o["data"]["text/markdown"]) for c in nb["cells"] if c["cell_type"] == "code"
+             for o in c.get("outputs", []) if marker in "".join(o.get("data", {}).get("text/markdown", ""))]
+    assert len(shown) == 1
+    return shown[0]
+
+
+def _committed_results(name: str) -> dict:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).resolve().parents[1] / "book" / "results" / f"{name}.json").read_text())
+
+
+def test_chapter_findings_are_those_of_their_committed_results():
+    """Each committed chapter's findings cell shows exactly what its `findings_markdown` says of the committed
+    results file (so the verdicts are computed, tested code, and the chapter and its results agree)."""
+    from mimdm.experiments import ground_truth as gt
+    from mimdm.experiments import likelihood as lk
+    from mimdm.experiments import mi_head as mh
+    from mimdm.experiments import speedup as sp
+
+    res = _committed_results("speedup")
+    assert sp.findings_markdown(res["values"], res["config"]["oracle_puzzles"]) == \
+        _committed_findings("05_speedup_analysis.ipynb", "**Reference.**")
+    res = _committed_results("ground_truth_mi")
+    assert gt.findings_markdown(res["values"], res["config"]["prune_deltas"]) == \
+        _committed_findings("01_ground_truth_mi.ipynb", "**Probing is exact.**")
+    res = _committed_results("estimator_accuracy")
+    assert mh.estimator_findings_markdown(res["values"]) == \
+        _committed_findings("02_estimator_accuracy.ipynb", "**Accuracy.**")
+    res = _committed_results("sudoku_constraints")
+    assert mh.constraint_findings_markdown(res["values"]) == \
+        _committed_findings("03_sudoku_constraints.ipynb", "**Heavily masked grids**")
+    res = _committed_results("likelihood")
+    assert lk.findings_markdown(res["values"], res["config"]["likelihood_draws"]) == \
+        _committed_findings("06_likelihood.ipynb", "**Coupled ratios.**")

@@ -1,4 +1,4 @@
-"""The book's interactive MI explorer (`mimdm.explorer`) and its vendored widget JavaScript."""
+"""The book's interactive MI explorer (`mimdm.experiments.explorer`) and its vendored widget JavaScript."""
 import re
 from html.parser import HTMLParser
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 import yaml
 
-from mimdm import explorer as ex
-from mimdm.artifacts import REPO_ROOT
-from mimdm.heads import MIHead, MIHeadConfig
+from mimdm.core.artifacts import REPO_ROOT
+from mimdm.experiments import explorer as ex
+from mimdm.heads.mi_head import MIHead, MIHeadConfig
 from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
 
 matplotlib.use("Agg")

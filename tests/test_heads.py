@@ -7,17 +7,26 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from mimdm.heads import (HeadTrainConfig, MIHead, MIHeadConfig, head_inputs, load_head, mi_loss, predict_mi,
-                         save_head, train_head)
-from mimdm.labels import LabelConfig, generate_labels, is_complete, load_labels, split_of
+from mimdm.heads.mi_head import (
+    HeadTrainConfig,
+    MIHead,
+    MIHeadConfig,
+    head_inputs,
+    load_head,
+    mi_loss,
+    predict_mi,
+    save_head,
+    train_head,
+)
 from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
+from mimdm.pipelines.labels import LabelConfig, generate_labels, is_complete, load_labels, split_of
 
 TINY = SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)
 
 
 def test_parameter_count_near_paper():
+    from mimdm.app.profiles import get_profile
     from mimdm.experiments.mi_head import head_config_for, protein_head_config_for
-    from mimdm.profiles import get_profile
 
     paper = get_profile("paper")
 
@@ -139,8 +148,8 @@ def test_position_pairs_learn_a_constraint_graph_the_hidden_states_do_not_carry(
 
 
 def test_schedules_and_old_checkpoints(tmp_path):
-    from mimdm.artifacts import atomic_save
-    from mimdm.heads import make_optimizer
+    from mimdm.core.artifacts import atomic_save
+    from mimdm.heads.mi_head import make_optimizer
 
     head = MIHead(MIHeadConfig(16, d_hidden=8, rank=4))
     opt, sched = make_optimizer(head, HeadTrainConfig(epochs=2, lr=1e-2), steps_per_epoch=5)
@@ -166,6 +175,7 @@ def test_split_is_by_source():
     assert (s[ids % 10 == 0] == 2).all() and (s[ids % 10 == 1] == 1).all() and (s[ids % 10 >= 2] == 0).all()
 
 
+@pytest.mark.slow
 def test_label_generation_resumes_with_identical_output(tmp_path):
     torch.manual_seed(0)
     model = SudokuMDM(TINY).eval()
@@ -419,7 +429,7 @@ def test_packed_label_set_unpacks_to_the_same_shards(tmp_path):
     """`pack_labels` keeps everything but the hidden states; `unpack_labels` recomputes those: identical shards."""
     import shutil
 
-    from mimdm.labels import PACKED, pack_labels, unpack_labels
+    from mimdm.pipelines.labels import PACKED, pack_labels, unpack_labels
 
     torch.manual_seed(0)
     model = SudokuMDM(TINY).eval()

@@ -4,8 +4,7 @@ import math
 import pytest
 import torch
 
-from mimdm.likelihood import (exhaustive_nll, harmonic, log_likelihood_ratio, time_free_nll,
-                              time_integral_nll)
+from mimdm.evaluation.likelihood import exhaustive_nll, harmonic, log_likelihood_ratio, time_free_nll, time_integral_nll
 from mimdm.models.oracle import TableJointMDM, potts_chain_log_joint
 from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
 
@@ -96,6 +95,7 @@ def test_time_free_has_lower_variance(oracle):
     assert (tf.variance < ti.variance).all() and (tf.variance < th.variance).all()
 
 
+@pytest.mark.slow
 def test_coupled_ratio(oracle):
     model, log_joint = oracle
     x = _states(3, seed=6)
@@ -150,9 +150,10 @@ def test_zero_probability_value_is_an_error():
 
 
 def test_sudoku_model_estimate_is_exact_for_a_uniform_model_and_near_the_exhaustive_nll():
-    from mimdm.data import sudoku as sd
-    from mimdm.models.zoo import grids_to_tokens
     import numpy as np
+
+    from mimdm.data import sudoku as sd
+    from mimdm.pipelines.zoo import grids_to_tokens
 
     torch.manual_seed(0)
     model = SudokuMDM(SudokuMDMConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64)).eval()
@@ -188,7 +189,7 @@ def test_uniform_sizes_spend_one_pass_per_draw_and_agree_with_the_exact_nll(orac
 ])
 def test_mask_size_distributions_and_weights(kind, expected):
     """Mask sizes follow U{1..n} (weight n/m) or (1/m)/H_n (weight H_n), on the scored set only."""
-    from mimdm.likelihood import _draw_masks
+    from mimdm.evaluation.likelihood import _draw_masks
 
     n, K = 6, 60_000
     maskable = torch.tensor([[True] * n + [False] * 2])
@@ -210,6 +211,7 @@ def test_chapter_helpers_on_oracle():
     ref = reference_nll()
     assert abs(ref["uniform_valid_grids"] - 50.252) < 1e-3
     import numpy as np
+
     from mimdm.data import sudoku as sd
     g = sd.random_solutions(4, np.random.default_rng(0))
     p = perturb_grids(g, 1, 0)

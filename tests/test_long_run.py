@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from mimdm.data import sudoku as sd
-from mimdm.models.curriculum import CurriculumConfig, PuzzlePool, curriculum_batch, load_or_build_pool
-from mimdm.models.long_run import read_curve, run_long_training
+from mimdm.data.curriculum import CurriculumConfig, PuzzlePool, curriculum_batch, load_or_build_pool
 from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
 from mimdm.models.training import TrainConfig, _lr_at, mask_tokens, mdm_loss, train_mdm
+from mimdm.pipelines.long_run import read_curve, run_long_training
 
 TINY = SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)
 SMALL_POOL = CurriculumConfig(fraction=0.5, pool_size=6, clues=(33, 35), seed=3)
@@ -103,6 +103,7 @@ def test_wsd_run_can_be_extended_before_its_decay(tmp_path):
         train_mdm(m, sample, replace(cfg, steps=6), tmp_path / "s.pt", progress=False, allow_extend=True)
 
 
+@pytest.mark.slow
 def test_long_run_interrupted_and_resumed_equals_uninterrupted(tmp_path):
     cfg = TrainConfig(steps=6, batch_size=8, lr=1e-3, warmup=2, schedule="wsd", decay_frac=0.5, seed=5,
                       ckpt_every=2, log_every=1)
@@ -131,8 +132,8 @@ def test_long_run_interrupted_and_resumed_equals_uninterrupted(tmp_path):
 def test_adopted_long_run_is_the_zoo_model_of_its_configuration(tmp_path):
     """A finished long run, adopted into the cache, is what the zoo loads for its configuration, and training that
     configuration from scratch with the zoo (what `make book RETRAIN=1` does) gives the same weights."""
-    from mimdm.models.long_run import adopt
-    from mimdm.models.zoo import load_or_train_sudoku_mdm, sudoku_mdm_dir
+    from mimdm.pipelines.long_run import adopt
+    from mimdm.pipelines.zoo import load_or_train_sudoku_mdm, sudoku_mdm_dir
 
     cfg = TrainConfig(steps=6, batch_size=8, lr=1e-3, warmup=2, schedule="wsd", decay_frac=0.5, seed=5,
                       ckpt_every=2, log_every=1)

@@ -5,14 +5,19 @@ import numpy as np
 import pytest
 import torch
 
-from mimdm.artifacts import load_checkpoint
+from mimdm.core.artifacts import load_checkpoint
+from mimdm.core.device import resolve_device
 from mimdm.data import sudoku as sd
-from mimdm.device import resolve_device
 from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
 from mimdm.models.training import TrainConfig, mask_tokens, mdm_loss, train_mdm
-from mimdm.models.zoo import (grids_to_tokens, load_or_train_sudoku_mdm, load_sudoku_mdm, sudoku_batch,
-                              tokens_to_grids)
-from mimdm.decoding import Sequential, decode
+from mimdm.pipelines.zoo import (
+    grids_to_tokens,
+    load_or_train_sudoku_mdm,
+    load_sudoku_mdm,
+    sudoku_batch,
+    tokens_to_grids,
+)
+from mimdm.sampling.decoding import Sequential, decode
 
 TINY = SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)
 
@@ -119,6 +124,7 @@ def test_training_reduces_loss_and_resumes_identically(tmp_path):
         train_mdm(SudokuMDM(TINY), sudoku_batch, TrainConfig(steps=50), tmp_path / "b.pt", progress=False)
 
 
+@pytest.mark.slow
 def test_training_memorises_one_grid(tmp_path):
     """A model trained on a single grid must drive the loss far below log 9 (uniform guessing)."""
     grid = torch.from_numpy(sd.random_solutions(1, np.random.default_rng(3)).astype(np.int64) - 1)
@@ -197,8 +203,8 @@ def test_sequential_decoding_fills_every_mask_once_and_keeps_givens():
 def test_atomic_save_records_a_digest_that_catches_changed_truncated_and_torn_files(tmp_path):
     import threading
 
-    from mimdm.artifacts import atomic_save, sidecar_path
-    from mimdm.labels import run_shards, shard_path
+    from mimdm.core.artifacts import atomic_save, sidecar_path
+    from mimdm.pipelines.labels import run_shards, shard_path
 
     path = tmp_path / "m.pt"
     atomic_save({"w": torch.arange(4000.0)}, path)

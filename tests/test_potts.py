@@ -7,7 +7,7 @@ from mimdm.data import protein as pr
 from mimdm.models.oracle import TableJointMDM, potts_chain_log_joint
 from mimdm.models.potts import ALIGNED_MASK_ID, PottsMDM, PottsMDMConfig, held_out_ce, train_potts_mdm, weighted_rows
 from mimdm.models.training import TrainConfig
-from mimdm.probing import probe_mi
+from mimdm.probing.exact import probe_mi
 
 
 def _restricted_pair_mi(oracle, tokens_L, i, j, subset):
@@ -129,8 +129,8 @@ def test_training_learns_the_coupled_pair_and_resumes(tmp_path):
     assert held_out_ce(m2, v[1600:], w[1600:]) == rec["val"]
     # interrupted at step 20 and resumed: the same weights as the uninterrupted run
     (tmp_path / "r.pt").unlink(missing_ok=True)
-    from mimdm.models.training import train_mdm
     from mimdm.models.potts import PottsMDM as P
+    from mimdm.models.training import train_mdm
 
     def run(stop):
         torch.manual_seed(0)

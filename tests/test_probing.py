@@ -4,13 +4,14 @@ import numpy as np
 import pytest
 import torch
 
+from mimdm.core.information import pairwise_mi
 from mimdm.data import sudoku as sd
-from mimdm.metrics import correlation, graph_recovery, masked_pairs
+from mimdm.evaluation.metrics import correlation, graph_recovery, masked_pairs
 from mimdm.models.oracle import TableJointMDM, potts_chain_log_joint
 from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
-from mimdm.models.zoo import grids_to_tokens
-from mimdm.probing import pairwise_mi, probe_mi
-from mimdm.sudoku_mi import EMPTY_GRID_UNIT_MI, data_mi, masked_contexts, sample_data_mi
+from mimdm.pipelines.zoo import grids_to_tokens
+from mimdm.probing.exact import probe_mi
+from mimdm.probing.sudoku_mi import EMPTY_GRID_UNIT_MI, data_mi, masked_contexts, sample_data_mi
 
 
 @pytest.fixture(scope="module")
@@ -284,7 +285,7 @@ def test_correlation_values():
 
 
 def test_underdetermined_grids_yield_only_multi_completion_grids():
-    from mimdm.sudoku_mi import underdetermined_grids
+    from mimdm.probing.sudoku_mi import underdetermined_grids
 
     stats = {}
     out = list(underdetermined_grids((30, 40), np.random.default_rng(0), 5000, 12, stats))

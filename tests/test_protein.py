@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from mimdm.data import protein as pr
-from mimdm.metrics import precision_at, precision_at_L
+from mimdm.evaluation.metrics import precision_at, precision_at_L
 from mimdm.models.esmc import ESMCMDM, MASK_ID
-from mimdm.probing import probe_mi
+from mimdm.probing.exact import probe_mi
 
 ALN_PATH, PDB_PATH, CHAIN = pr.dhfr_paths()
 
@@ -438,3 +438,21 @@ def test_probe_mi_on_tiny_esmc(tiny):
     assert (mi[~masked] == 0).all() and (mi[:, ~masked] == 0).all()
     assert mi[4, 5] > 0
     assert (r.directed[0] >= -1e-12).all()
+
+
+def test_a_truncated_structure_file_is_read_with_a_warning(tmp_path):
+    _, pdb_path, chain = pr.dhfr_paths()
+    seq, _ = pr.contact_map(pdb_path, chain)
+    lines = pdb_path.read_text().splitlines(keepends=True)
+    half = tmp_path / "half.pdb"
+    half.write_text("".join(lines[:len(lines) // 2]))
+    with pytest.warns(UserWarning, match=r"half.pdb has no END record: the file may be truncated \(80 residues"):
+        cut, _ = pr.contact_map(half, chain)
+    assert len(seq) == 160 and cut == seq[:80]
+
+
+def test_one_match_column_rule_with_and_without_a_residue():
+    rows = ["AC-k-", "A--.-", "GD-.-"]  # column 2 all gaps, column 3 an insert, column 4 all gaps
+    assert pr.match_columns(rows).tolist() == [True, True, True, False, True]
+    assert pr.match_columns(rows, require_residue=True).tolist() == [True, True, False, False, False]
+    assert pr.match_states(rows) == ["AC--", "A---", "GD--"]

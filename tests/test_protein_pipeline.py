@@ -6,12 +6,19 @@ import pytest
 import torch
 
 from mimdm.data import protein as pr
-from mimdm.decoding import Sequential, TopK
 from mimdm.experiments import protein as xp
 from mimdm.models.esmc import ESMCMDM
-from mimdm.models.protein_zoo import (FamilySpec, ProteinMDMConfig, encode_values, length_batches, load_family,
-                                      load_or_train_protein_mdm, masked_ce)
 from mimdm.models.training import TrainConfig
+from mimdm.pipelines.protein_zoo import (
+    FamilySpec,
+    ProteinMDMConfig,
+    encode_values,
+    length_batches,
+    load_family,
+    load_or_train_protein_mdm,
+    masked_ce,
+)
+from mimdm.sampling.decoding import Sequential, TopK
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +53,7 @@ def test_family_split_and_native(family):
 def test_native_coverage_and_column_trimmed_alignment_warning(tmp_path, family):
     """DHFR's native row covers 3QL0 chain A but for one residue; a row with ten inner residues cut out (what an
     alignment with its insert columns removed gives) is flagged as column-trimmed."""
-    from mimdm.models.protein_zoo import native_coverage
+    from mimdm.pipelines.protein_zoo import native_coverage
 
     cov = family.native_coverage
     assert cov == {"chain_residues": 160, "mapped": 158, "chain_span": [cov["chain_span"][0], cov["chain_span"][0] + 158],
@@ -412,7 +419,7 @@ def test_committed_protein_record_reproduces_its_headline_and_summary():
     chapter's closing text can be regenerated from it."""
     import json
 
-    from mimdm.artifacts import REPO_ROOT
+    from mimdm.core.artifacts import REPO_ROOT
 
     rec = json.loads((REPO_ROOT / "book" / "results" / "protein.json").read_text())
     v = rec["values"]
@@ -429,10 +436,10 @@ def test_committed_protein_record_reproduces_its_headline_and_summary():
 
 def test_family_table_reads_every_committed_record():
     """The appendix's family table: one row per committed chapter-4 record, each cell the record's own number."""
-    from mimdm.artifacts import REPO_ROOT
+    from mimdm.core.artifacts import REPO_ROOT
 
     recs = xp.family_records(REPO_ROOT / "book" / "results", "cpu")
-    with pytest.raises(FileNotFoundError, match="no chapter-4 record of the aligned Potts MDM under profile 'paper'"):
+    with pytest.raises(FileNotFoundError, match="no chapter-4 results of the aligned Potts MDM under profile 'paper'"):
         xp.family_records(REPO_ROOT / "book" / "results", "paper")
     family_files = {p.stem for p in (REPO_ROOT / "book" / "results").glob("protein*.json")} - {"protein_families"}
     assert [r["chapter"] for r in recs] == ["protein", *sorted(family_files - {"protein"})]  # none left out
@@ -459,7 +466,7 @@ def test_raw_sequence_path_of_the_chapter(tmp_path, monkeypatch):
     """Chapter 4 on raw sequences (the offline ESM-C-architecture model; ESM-C 300M takes the same path):
     contact study and decoding study run and give scores in range."""
     monkeypatch.setenv("MIMDM_ARTIFACTS", str(tmp_path))
-    from mimdm.profiles import get_profile
+    from mimdm.app.profiles import get_profile
 
     P = get_profile("smoke")
     prep = xp.prepare(P, FamilySpec(), "offline", "cpu", progress=False)

@@ -1,4 +1,4 @@
-"""Tests of mimdm.protein_quality: family HMM scores, identity / novelty / diversity, recovery, composition."""
+"""Tests of mimdm.evaluation.protein_quality: family HMM scores, identity / novelty / diversity, recovery, composition."""
 import math
 import warnings
 
@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("pyhmmer")
 
-from mimdm import protein_quality as pq  # noqa: E402
 from mimdm.data import protein as pr  # noqa: E402
+from mimdm.evaluation import protein_quality as pq  # noqa: E402
 
 AA = pr.AMINO_ACIDS
 

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from mimdm import shipped
-from mimdm.artifacts import artifact_dir
+from mimdm.core import shipped
+from mimdm.core.artifacts import artifact_dir
 from mimdm.models.potts import PottsMDM, PottsMDMConfig, load_potts, pack_couplings, save_potts, unpack_couplings
 from mimdm.models.sudoku import SudokuMDMConfig
 from mimdm.models.training import TrainConfig
-from mimdm.models.zoo import load_or_train_sudoku_mdm, solve_rate, sudoku_mdm_dir
+from mimdm.pipelines.zoo import load_or_train_sudoku_mdm, solve_rate, sudoku_mdm_dir
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def test_ship_verify_install_roundtrip(roots):
 
 def test_install_over_a_locally_trained_file_resets_its_sha256_record(roots):
     """A cache file written by atomic_save (with its .sha256) and then replaced by the shipped one must load."""
-    from mimdm.artifacts import atomic_save, load_checkpoint, sidecar_path
+    from mimdm.core.artifacts import atomic_save, load_checkpoint, sidecar_path
 
     ship_root, cache = roots
     src = _artifact(cache)
@@ -205,14 +205,15 @@ def test_readme_lists_every_slot(roots):
     assert "2.0 min | 0123456 |" in text
 
 
+@pytest.mark.slow
 def test_ship_sudoku_with_heads_ships_labels_and_heads_that_reproduce(roots, monkeypatch):
     """The smoke profile's Sudoku MDM, packed label set, MI head and ablation heads: each slot's evaluation is
     recomputed from the installed files alone, and the packed labels unpack into a fresh cache."""
+    from mimdm.app.profiles import get_profile
     from mimdm.experiments import ship
     from mimdm.experiments.mi_head import load_or_build_labels
-    from mimdm.labels import is_complete, load_labels
-    from mimdm.models.zoo import profile_sudoku_mdm
-    from mimdm.profiles import get_profile
+    from mimdm.pipelines.labels import is_complete, load_labels
+    from mimdm.pipelines.zoo import profile_sudoku_mdm
 
     ship_root, cache = roots
     P = get_profile("smoke")
@@ -241,12 +242,12 @@ def test_ship_sudoku_with_heads_ships_labels_and_heads_that_reproduce(roots, mon
     # the stored decodes of the shipped MDM ship as sudoku_evals; another model's entries stay behind
     import numpy as np
 
-    from mimdm.decoding import EBSampler, MIGuided, Sequential, head_mi_fn
-    from mimdm.evalcache import EvalCache, cached_decode
+    from mimdm.data import sudoku as sd
+    from mimdm.evaluation.evalcache import EvalCache, cached_decode
     from mimdm.experiments.mi_head import prepare
     from mimdm.models.sudoku import SudokuMDM
-    from mimdm.models.zoo import grids_to_tokens
-    from mimdm.data import sudoku as sd
+    from mimdm.pipelines.zoo import grids_to_tokens
+    from mimdm.sampling.decoding import EBSampler, MIGuided, Sequential, head_mi_fn
 
     head = prepare(P, model, rec["path"], progress=False, ablations=False)["head"]
     x = grids_to_tokens(np.stack([p.puzzle for p in sd.make_puzzles(3, (30, 32), np.random.default_rng(1))]))
@@ -265,9 +266,9 @@ def test_ship_sudoku_with_heads_ships_labels_and_heads_that_reproduce(roots, mon
 
 
 def test_ablation_slot_names_are_folder_safe_and_distinct():
+    from mimdm.app.profiles import get_profile
     from mimdm.experiments.mi_head import ablation_configs
     from mimdm.experiments.ship import slot_name
-    from mimdm.profiles import get_profile
 
     assert slot_name("layer -1") == "layer_-1" and slot_name("layer 1") == "layer_1"
     assert slot_name("gathered pair network (earlier head)") == "gathered_pair_network_earlier_head"

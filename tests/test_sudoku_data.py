@@ -156,7 +156,7 @@ def test_constraint_graph():
 
 def test_band_stack_pairs():
     """Cells in one band or stack (45 with itself) minus the 20 unit peers and itself: 24 per cell."""
-    from mimdm.sudoku_mi import band_stack_pairs
+    from mimdm.probing.sudoku_mi import band_stack_pairs
 
     b = band_stack_pairs()
     assert b.shape == (81, 81) and b.dtype == bool and np.array_equal(b, b.T) and not b.diagonal().any()

@@ -33,8 +33,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..metrics import precision_at, precision_at_L  # noqa: F401  (re-exported: contact precision)
-
 AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
 """The 20 standard amino acids, in the order of the value set of the protein models."""
 GAP_CHARS = "-."
@@ -50,6 +48,13 @@ for _k, _c in enumerate(AMINO_ACIDS):
 
 
 # ----------------------------------------------------------------------------------- sequences
+def amino_acid_codes(seq: str) -> np.ndarray:
+    """``[L]`` int64 value indices of a sequence's letters in `AMINO_ACIDS` order (either case); -1 for any other
+    character (validate first, e.g. with `validate_sequence`, where that must be an error). The one lookup table of
+    the package."""
+    return _AA_INDEX[np.frombuffer(seq.encode("ascii", errors="replace"), dtype=np.uint8)]
+
+
 def validate_sequence(seq: str, max_len: int | None = None, allow_gaps: bool = False,
                       allow_mask: bool = False) -> str:
     """Check that ``seq`` is a protein sequence over the 20 standard amino acids (upper case).
@@ -202,8 +207,10 @@ def load_alignment(path: str | Path) -> Alignment:
     dropped, listed in ``.dropped`` and counted in a `UserWarning`.
 
     Args:
-        path: FASTA file (``>id description`` header lines, sequence on one or more lines);
-            gzip is detected from the file's magic bytes. The id is the header's first word.
+        path: FASTA file (``>id description`` header lines, sequence on one or more lines); gzip is detected
+            from the file's magic bytes. The id is the header's first word; a repeated header keeps both rows.
+            (Not biotite's ``FastaFile``: it keys entries by header, and the DHFR alignment repeats headers,
+            e.g. ``A0A2J8ADC8.1``, so rows would be lost.)
 
     Returns:
         `Alignment` (unpacks as ``(ids, aligned_seqs)``; N rows of common length C).
@@ -260,17 +267,25 @@ def load_alignment(path: str | Path) -> Alignment:
     return Alignment(kept_ids, kept, dropped, path)
 
 
-def match_columns(aligned_seqs: list[str]) -> np.ndarray:
-    """``[C]`` bool: True for match columns, i.e. columns without any lower-case letter or ``.``.
+def match_columns(aligned_seqs: list[str], require_residue: bool = False) -> np.ndarray:
+    """``[C]`` bool: True for match columns, i.e. columns without any lower-case letter or ``.`` (A2M convention),
+    and with ``require_residue`` also at least one upper-case letter in the rows given.
 
-    For a plain upper-case FASTA alignment every column is a match column.
+    The one match-column rule of the package. For a plain upper-case FASTA alignment every column is a match
+    column. ``require_residue=True`` is what a profile HMM needs (`mimdm.evaluation.protein_quality.FamilyHMM`):
+    files that write ``-`` in insert columns leave, in a subset of rows, insert columns that are all ``-``
+    (DHFR training split: 192 columns without, 160 with); on whole alignments the two agree for DHFR (160) and the
+    rhomboids (135) and differ for S1A (832 vs 814: 18 columns all gaps).
 
     Raises:
         ValueError: no rows, unequal row lengths or a non-ASCII character.
     """
     A = _char_array(aligned_seqs)
     insert = ((A >= ord("a")) & (A <= ord("z"))) | (A == ord("."))
-    return ~insert.any(0)
+    keep = ~insert.any(0)
+    if require_residue:
+        keep &= ((A >= ord("A")) & (A <= ord("Z"))).any(0)
+    return keep
 
 
 def match_states(aligned_seqs: list[str]) -> list[str]:
@@ -418,15 +433,9 @@ def identity_clusters(aligned_seqs: list[str], threshold: float = 0.8, chunk: in
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    if not 0 < threshold <= 1:
-        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
-    codes = encode_alignment(match_states(aligned_seqs))
-    X = _onehot(codes)
-    n_res = (codes < 20).sum(1).astype(np.float32)
-    N = len(codes)
     ii, jj = [], []
-    for s in range(0, N, chunk):
-        sim = _identity_rows(X, n_res, s, min(N, s + chunk))
+    for s, sim in _identity_blocks(aligned_seqs, threshold, chunk):
+        N = sim.shape[1]
         r, c = np.nonzero(sim >= threshold - 1e-6)
         keep = (r + s) < c
         ii.append(r[keep] + s)
@@ -539,16 +548,24 @@ def sequence_weights(aligned_seqs: list[str], threshold: float = 0.8, chunk: int
     Raises:
         ValueError: ``threshold`` outside (0, 1]; as `encode_alignment` (unequal lengths, bad characters).
     """
+    n_nb = np.concatenate([(sim >= threshold - 1e-6).sum(1) for _, sim in _identity_blocks(aligned_seqs, threshold, chunk)])
+    return 1.0 / np.maximum(n_nb, 1)
+
+
+def _identity_blocks(aligned_seqs: list[str], threshold: float, chunk: int):
+    """Yield ``(s, identity [rows s..s+chunk, N])``: the `pairwise_identity` of the match-state rows, block by block.
+
+    Raises:
+        ValueError: ``threshold`` outside (0, 1]; as `encode_alignment` (unequal lengths, bad characters).
+    """
     if not 0 < threshold <= 1:
         raise ValueError(f"threshold must be an identity fraction in (0, 1], got {threshold}")
     codes = encode_alignment(match_states(aligned_seqs))
     X = _onehot(codes)
     n_res = (codes < 20).sum(1).astype(np.float32)
     N = len(codes)
-    n_nb = np.empty(N)
     for s in range(0, N, chunk):
-        n_nb[s:s + chunk] = (_identity_rows(X, n_res, s, min(N, s + chunk)) >= threshold - 1e-6).sum(1)
-    return 1.0 / np.maximum(n_nb, 1)
+        yield s, _identity_rows(X, n_res, s, min(N, s + chunk))
 
 
 # ----------------------------------------------------------------------------------- coevolution MI
@@ -683,7 +700,8 @@ def contact_map(pdb_path: str | Path, chain: str, return_res_ids: bool = False):
     pdb_path = Path(pdb_path)
     if not pdb_path.is_file():
         raise FileNotFoundError(f"structure file not found: {pdb_path}")
-    atoms = pdb.PDBFile.read(str(pdb_path)).get_structure(model=1)
+    pdb_file = pdb.PDBFile.read(str(pdb_path))
+    atoms = pdb_file.get_structure(model=1)
     chains = sorted(set(atoms.chain_id.tolist()))
     if chain not in chains:
         raise ValueError(f"chain {chain!r} not in {pdb_path.name}; available chains: {', '.join(chains)}")
@@ -707,10 +725,24 @@ def contact_map(pdb_path: str | Path, chain: str, return_res_ids: bool = False):
             letters.append("X")
         coords.append(res.coord[np.nonzero(sel)[0][0]])
         res_ids.append(int(res.res_id[0]))
+    _warn_if_truncated(pdb_file.lines, pdb_path.name, chain, len(letters))
     xyz = np.asarray(coords, dtype=np.float64)
     dist = np.sqrt(((xyz[:, None, :] - xyz[None, :, :]) ** 2).sum(-1))
     seq = "".join(letters)
     return (seq, dist, np.asarray(res_ids)) if return_res_ids else (seq, dist)
+
+
+def _warn_if_truncated(lines: list[str], name: str, chain: str, n_read: int) -> None:
+    """Warn when a PDB file looks cut short: no ``END`` record, or fewer than half the residues its ``SEQRES``
+    records list for ``chain`` (unresolved loops leave some out; half a chain missing is a damaged file)."""
+    if not any(line.startswith("END") for line in lines[-50:]):
+        warnings.warn(f"{name} has no END record: the file may be truncated ({n_read} residues of chain {chain} read)",
+                      UserWarning, stacklevel=3)
+    seqres = [line for line in lines if line.startswith("SEQRES") and line[11:12] == chain]
+    n_seqres = int(seqres[0][13:17]) if seqres and seqres[0][13:17].strip().isdigit() else 0
+    if n_seqres and n_read < n_seqres / 2:
+        warnings.warn(f"{name}: chain {chain} has {n_read} residues with coordinates of the {n_seqres} its SEQRES "
+                      "records list: the file may be truncated", UserWarning, stacklevel=3)
 
 
 def map_to_structure(seq: str, structure_seq: str, gap_penalty: tuple[int, int] = (-10, -1)) -> np.ndarray:

@@ -1,10 +1,11 @@
 """Chapter 4 (protein decoding): MI maps against contacts, the protein MI head, MI-guided protein decoding.
 
 Everything the chapter computes lives here; the family, model and structure are parameters, so the
-chapter runs on any family given as alignment + structure + chain (see `mimdm.models.protein_zoo.FamilySpec`).
+chapter runs on any family given as alignment + structure + chain (see `mimdm.pipelines.protein_zoo.FamilySpec`).
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 import warnings
@@ -15,15 +16,39 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..artifacts import artifact_dir
-from ..data import protein as pr
-from ..evalcache import cached_time_free_nll
-from ..labels import SPLITS, run_shards
-from ..metrics import precision_at_L
-from ..models.esmc import ESMCMDM
-from ..models.potts import aligned_rows
-from ..models.protein_zoo import FamilyData, encode_values
-from ..probing import probe_mi
+from mimdm.core.keys import protein_label_dir
+from mimdm.core.results import RECORD_PROFILES, results_path
+from mimdm.data import protein as pr
+from mimdm.evaluation import protein_quality as pq
+from mimdm.evaluation.evalcache import cached_time_free_nll
+from mimdm.evaluation.metrics import precision_at_L
+from mimdm.evaluation.protein_quality import fraction_above
+from mimdm.experiments import mi_head as mh
+from mimdm.experiments.mi_head import load_or_train_head, protein_head_config_for
+from mimdm.experiments.speedup import (
+    compare_at_budget,
+    entropy_cap_of,
+    matched_quality,
+    mi_budget_of,
+    nfe_budgets,
+    quality_at_budget,
+    rule_grid,
+    sweep,
+)
+from mimdm.heads.mi_head import predict_mi
+from mimdm.models.esmc import ESMCMDM
+from mimdm.models.potts import aligned_rows
+from mimdm.pipelines.labels import SPLITS, load_labels, run_shards
+from mimdm.pipelines.protein_zoo import (
+    FamilyData,
+    FamilySpec,
+    encode_values,
+    load_family,
+    load_or_select_potts,
+    load_protein_model,
+)
+from mimdm.probing.exact import probe_mi
+from mimdm.sampling.decoding import decode
 
 
 def native_tokens(model: ESMCMDM, seq: str) -> torch.Tensor:
@@ -34,12 +59,12 @@ def native_tokens(model: ESMCMDM, seq: str) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------- MI maps
 def mi_map(model, seq: str, rate: float = 1.0, patterns: int = 1, delta: float = 0.0, seed: int = 0,
            batch_tokens: int = 160 * 128, values_V: torch.Tensor | None = None) -> dict:
-    """Ground-truth MI map of a sequence averaged over masking patterns (probing, `mimdm.probing.probe_mi`).
+    """Ground-truth MI map of a sequence averaged over masking patterns (probing, `mimdm.probing.exact.probe_mi`).
 
     Each pattern masks a random fraction ``rate`` of the positions (all of them when ``rate`` = 1, the
     unconditional pairwise MI of the model); the map is the mean MI of each pair over the patterns in
     which both positions are masked. ``seq`` is model text (`encode`: a sequence for ESM-C, an aligned
-    row for the Potts MDM); ``values_V`` restricts the MI to a value subset (`mimdm.probing.probe_mi`;
+    row for the Potts MDM); ``values_V`` restricts the MI to a value subset (`mimdm.probing.exact.probe_mi`;
     aligned rows: `AMINO_ACID_VALUES`, the gap left out).
 
     Returns:
@@ -290,7 +315,6 @@ def results_name(spec) -> str:
     import hashlib
     import re
 
-    from ..models.protein_zoo import FamilySpec
 
     default = FamilySpec()
     if spec == default:
@@ -333,7 +357,7 @@ class ProteinLabelConfig:
 
 
 def protein_label_shard(model: ESMCMDM, family: FamilyData, cfg: ProteinLabelConfig, shard: int) -> dict:
-    """One shard of protein labels, in the format of `mimdm.labels.label_shard` (split from the family split).
+    """One shard of protein labels, in the format of `mimdm.pipelines.labels.label_shard` (split from the family split).
 
     Rows are drawn uniformly from the family members with at least ``cfg.window`` residues, so each
     split's share follows the cluster split; shard 0 also holds at least one context of every split
@@ -341,7 +365,7 @@ def protein_label_shard(model: ESMCMDM, family: FamilyData, cfg: ProteinLabelCon
     small label set can be validated and tested.
 
     Raises:
-        ValueError: no family member has ``cfg.window`` residues; as `mimdm.probing.probe_mi`.
+        ValueError: no family member has ``cfg.window`` residues; as `mimdm.probing.exact.probe_mi`.
     """
     rng = np.random.default_rng([cfg.seed, shard])
     where = np.zeros(len(family.seqs), dtype=np.int64)
@@ -393,7 +417,7 @@ class AlignedLabelConfig:
     and test clusters of the family split (so the test contexts are fixed in number, not left to
     chance), each with its own masking rate. Every context is probed twice from the same model: ``mi``
     over all 21 values (what decoding needs) and ``mi_aa`` over the 20 amino acids (the gap left out:
-    what contact maps are scored on; `mimdm.probing.probe_mi` ``values_V``).
+    what contact maps are scored on; `mimdm.probing.exact.probe_mi` ``values_V``).
     """
 
     n_shards: int = 8
@@ -411,10 +435,10 @@ class AlignedLabelConfig:
 
 def aligned_label_shard(model, positions: AlignedPositions, family: FamilyData, cfg: AlignedLabelConfig,
                         shard: int) -> dict:
-    """One shard of aligned-model labels in the format of `mimdm.labels.label_shard` (plus ``mi_aa``).
+    """One shard of aligned-model labels in the format of `mimdm.pipelines.labels.label_shard` (plus ``mi_aa``).
 
     Raises:
-        ValueError: a split of the family is empty; as `mimdm.probing.probe_mi`.
+        ValueError: a split of the family is empty; as `mimdm.probing.exact.probe_mi`.
     """
     rng = np.random.default_rng([cfg.seed, shard])
     n = cfg.contexts_per_shard
@@ -450,9 +474,8 @@ def aligned_label_shard(model, positions: AlignedPositions, family: FamilyData, 
 
 def load_or_build_aligned_labels(model, model_key: str, positions: AlignedPositions, family: FamilyData,
                                  cfg: AlignedLabelConfig, progress: bool = True) -> Path:
-    """Aligned-model label shards (resumable, `mimdm.labels.run_shards`), cached by model and config."""
-    d = artifact_dir("protein_labels", model_key, {"model": model_key, "data": family.data_id, "kind": "aligned",
-                                                   **cfg.to_dict()})
+    """Aligned-model label shards (resumable, `mimdm.pipelines.labels.run_shards`), cached by model and config."""
+    d = protein_label_dir(model_key, family.data_id, cfg.to_dict(), aligned=True)
     model.eval()
     return run_shards(d, {"kind": "aligned", **cfg.to_dict()}, cfg.n_shards,
                       lambda k: aligned_label_shard(model, positions, family, cfg, k), "probe aligned labels", progress)
@@ -460,8 +483,8 @@ def load_or_build_aligned_labels(model, model_key: str, positions: AlignedPositi
 
 def load_or_build_protein_labels(model: ESMCMDM, model_key: str, family: FamilyData, cfg: ProteinLabelConfig,
                                  progress: bool = True) -> Path:
-    """Protein label shards (resumable, manifest as `mimdm.labels.generate_labels`), cached by model and config."""
-    d = artifact_dir("protein_labels", model_key, {"model": model_key, "data": family.data_id, **cfg.to_dict()})
+    """Protein label shards (resumable, manifest as `mimdm.pipelines.labels.generate_labels`), cached by model and config."""
+    d = protein_label_dir(model_key, family.data_id, cfg.to_dict(), aligned=False)
     model.eval()
     return run_shards(d, cfg.to_dict(), cfg.n_shards, lambda k: protein_label_shard(model, family, cfg, k),
                       "probe protein labels", progress)
@@ -494,11 +517,10 @@ def infilling_tasks(family: FamilyData, n: int, rate_range=(0.3, 0.7), seed: int
 
 
 def decode_grouped(model: ESMCMDM, tokens: list[torch.Tensor], rule, temperature: float, seed: int = 0):
-    """Decode sequences of varying lengths with `mimdm.decoding.decode`, one length group at a time.
+    """Decode sequences of varying lengths with `mimdm.sampling.decoding.decode`, one length group at a time.
 
     Returns ``(decoded token rows in input order, nfe [N] numpy, extra passes dict summed, seconds)``.
     """
-    from ..decoding import decode
 
     by_len: dict[int, list[int]] = {}
     for i, t in enumerate(tokens):
@@ -520,12 +542,12 @@ def decode_grouped(model: ESMCMDM, tokens: list[torch.Tensor], rule, temperature
 
 def nll_grouped(model: ESMCMDM, tokens: list[torch.Tensor], maskable: list[torch.Tensor] | None = None,
                 n_samples: int = 16, seed: int = 0, cache=None) -> np.ndarray:
-    """Time-free I-MDCE NLL (nats, `mimdm.likelihood.time_free_nll`) of sequences of varying lengths.
+    """Time-free I-MDCE NLL (nats, `mimdm.evaluation.likelihood.time_free_nll`) of sequences of varying lengths.
 
     Args:
         tokens: N token rows ``[L_n]`` (no masks at scored positions).
         maskable: N bool rows, the scored set of each (None: all positions, the unconditional NLL).
-        cache: a `mimdm.evalcache.EvalCache` to reuse estimates of the same model, rows, draws and seed (None: none).
+        cache: a `mimdm.evaluation.evalcache.EvalCache` to reuse estimates of the same model, rows, draws and seed (None: none).
 
     Returns:
         ``[N]`` float64 NLL estimates in nats.
@@ -548,7 +570,6 @@ def protein_sweep(model: ESMCMDM, tokens: list[torch.Tensor], rules, score, temp
     Returns rows ``{"rule", "knob", "entropy_cap", "nfe" (mean passes per sequence), "head_passes", "seconds" (per
     sequence), **quality}``.
     """
-    from .speedup import entropy_cap_of
 
     rows = []
     n = len(tokens)
@@ -604,8 +625,7 @@ def contact_maps_aligned(model, plm, positions: AlignedPositions, family: Family
 
 
 def head_map(model, head, tokens_1L: torch.Tensor, layer: int = -1) -> np.ndarray:
-    """``[L, L]`` float64 MI predicted by ``head`` for one context (one MDM pass; `mimdm.heads.predict_mi`)."""
-    from ..heads import predict_mi
+    """``[L, L]`` float64 MI predicted by ``head`` for one context (one MDM pass; `mimdm.heads.mi_head.predict_mi`)."""
 
     return predict_mi(model, head, tokens_1L, layer=layer)[0].double().cpu().numpy()
 
@@ -667,7 +687,6 @@ def aligned_infill_score(model, truth_NL: torch.Tensor, masks_NL: np.ndarray, hm
     mean HMM bit score and share above ``threshold`` of the de-gapped rows, conditional NLL of the filled
     columns (time-free I-MDCE, nats) with its standard error; ``per_item`` arrays for paired tests (``cache``: as
     `nll_grouped`)."""
-    from ..protein_quality import fraction_above
 
     m = torch.from_numpy(masks_NL)
 
@@ -701,7 +720,6 @@ def aligned_generation_score(model, hmm, threshold: float, train_seqs: list[str]
     nats) with its standard error, novelty (1 − max identity to ``train_seqs``), diversity (mean pairwise
     identity), composition (JS divergence to the training rows, nats), residues per row; the last
     de-gapped rows in ``score.last`` (``cache``: as `nll_grouped`)."""
-    from .. import protein_quality as pq
 
     def score(out: list[torch.Tensor]) -> dict:
         x = torch.stack([o.cpu() for o in out])
@@ -747,7 +765,6 @@ def matched_generation(rows: list[dict]) -> list[dict]:
     Returns:
         its rows (``nfe_reduction``, ``wallclock_reduction``: sequential over the rule).
     """
-    from .speedup import matched_quality
 
     seq = next(r for r in rows if r["rule"] == "sequential")
 
@@ -790,7 +807,6 @@ def paired_continuous(a, b, confidence: float = 0.95, seed: int = 0) -> dict:
 def matched_infilling(rows: list[dict], tolerance: float = 0.01) -> list[dict]:
     """Per rule, the cheapest infilling setting within ``tolerance`` of sequential recovery, with the paired
     (same tasks) differences of recovery, HMM bits and conditional NLL against sequential (`paired_continuous`)."""
-    from .speedup import matched_quality
 
     seq = next(r for r in rows if r["rule"] == "sequential")
     out = _with_budget(matched_quality([{k: v for k, v in r.items() if k != "per_item"} for r in rows], "recovery",
@@ -813,7 +829,7 @@ def aligned_decoding_study(model, head, positions: AlignedPositions, family: Fam
     Generation: ``profile.protein_generate`` rows from all-masked, temperature 1; the MI-oracle decodes the
     first ``max(2, profile.protein_generate // 8)`` of them. Quality: `aligned_infill_score`,
     `aligned_generation_score` (HMM from the training split; threshold: 5th percentile of validation members).
-    ``cache``: a `mimdm.evalcache.EvalCache` through which every decode and NLL estimate goes (None: none).
+    ``cache``: a `mimdm.evaluation.evalcache.EvalCache` through which every decode and NLL estimate goes (None: none).
 
     Returns:
         ``{"infilling", "generation", "oracle_generation" (sweep rows without per-item arrays), "matched_infilling",
@@ -821,8 +837,6 @@ def aligned_decoding_study(model, head, positions: AlignedPositions, family: Fam
         "mi_vs_eb_generation", "mi_vs_eb_infilling", "hmm_threshold_bits", "test_members_above_threshold",
         "novelty" (per sequence, sequential and the matched MI-guided setting), "examples"}``.
     """
-    from .. import protein_quality as pq
-    from .speedup import mi_budget_of, rule_grid, sweep
 
     k = {**ALIGNED_KNOBS, **(knobs or {})}
     hmm = pq.FamilyHMM.build(family.aligned_part("train"), name="family")
@@ -862,8 +876,6 @@ def aligned_head_study(prep: dict, layer: int = -1) -> dict:
         "maps": {"MI head, 100% masked + APC": contact head map, "MI head (gap as a value), 100% masked + APC":
         decoding head map}, "head_seconds": one pass of each}``.
     """
-    from ..labels import load_labels
-    from . import mi_head as mh
 
     lab, model, pos = prep["labels"], prep["model"], prep["positions"]
     test = load_labels(lab, "test")
@@ -940,8 +952,6 @@ def contact_study(prep: dict, profile, seed: int = 0) -> dict:
         half = mi_map(model, native, rate=0.5, patterns=profile.protein_mi_patterns, delta=profile.protein_mi_delta, seed=seed)
         jac = categorical_jacobian(model, native, rate=0.5, patterns=profile.protein_mi_patterns, seed=seed)
         layer = profile.protein_head_train.layer
-        from ..labels import load_labels
-        from . import mi_head as mh
 
         test = load_labels(prep["labels"], "test")
         acc = mh.accuracy(mh.predict_from_labels(prep["head"], test, layer, model.mask_id), test, model.mask_id)
@@ -980,8 +990,6 @@ def raw_decoding_study(model, head, family: FamilyData, profile, seed: int = 0, 
     Returns:
         the keys of `aligned_decoding_study` except the oracle's.
     """
-    from .. import protein_quality as pq
-    from .speedup import rule_grid
 
     hmm = pq.FamilyHMM.build(family.aligned_part("train"), name="family")
     thr = hmm.threshold(family.part("val"))
@@ -1027,9 +1035,6 @@ def raw_decoding_study(model, head, family: FamilyData, profile, seed: int = 0, 
 
 
 def _decoding_summary(rows_inf, rows_gen, kept, hmm, thr, family, rows_or, n_or) -> dict:
-    from .. import protein_quality as pq
-    from .speedup import compare_at_budget, nfe_budgets, quality_at_budget
-
     mq_gen = matched_generation(rows_gen)
     mq_inf = matched_infilling(rows_inf)
     strip = lambda rows: [{k2: v for k2, v in r.items() if k2 != "per_item" and not k2.endswith("_items")}  # noqa: E731
@@ -1056,7 +1061,7 @@ def _decoding_summary(rows_inf, rows_gen, kept, hmm, thr, family, rows_or, n_or)
 
 
 def decoding_study(prep: dict, profile, seed: int = 0, cache=None) -> dict:
-    """`aligned_decoding_study` (through ``cache``, a `mimdm.evalcache.EvalCache` or None) or `raw_decoding_study`,
+    """`aligned_decoding_study` (through ``cache``, a `mimdm.evaluation.evalcache.EvalCache` or None) or `raw_decoding_study`,
     whichever fits the prepared model."""
     layer = (profile.aligned_head_train if "positions" in prep else profile.protein_head_train).layer
     if "positions" in prep:
@@ -1135,24 +1140,27 @@ def family_table(records: list[dict]) -> list[dict]:
     return rows
 
 
-def family_records(results_dir: str | Path, profile: str) -> list[dict]:
-    """Chapter-4 records of the aligned Potts backbone in ``results_dir`` (``protein*.json``) made under ``profile``,
-    the default family (``protein.json``) first, then by file name.
+def family_records(results_dir: str | Path, profile: str, record: bool = False) -> list[dict]:
+    """Chapter-4 results of the aligned Potts backbone (``protein*.json``) made under ``profile``, the default family
+    (``protein.json``) first, then by file name: those of this kind of run (`mimdm.core.results.results_path`:
+    the book's record, or ``<results_dir>/<profile>/``), else, for a profile that has one, the book's record.
 
     Raises:
         FileNotFoundError: there is none.
     """
-    import json
-
-    paths = sorted(Path(results_dir).glob("protein*.json"), key=lambda p: (p.stem != "protein", p.name))
-    recs = [(p, json.loads(p.read_text())) for p in paths]
-    # chapter 4 names each record after its family (`results_name`): the default one "protein"
-    recs = [r for p, r in recs if r.get("chapter") == p.stem and r.get("profile") == profile
-            and "aligned_columns" in r.get("values", {}).get("family", {})]
-    if not recs:
-        raise FileNotFoundError(f"no chapter-4 record of the aligned Potts MDM under profile {profile!r} in {results_dir}: "
-                                "run chapter 4 first")
-    return recs
+    dirs = [results_path("protein", profile, results_dir, record).parent]
+    if profile in RECORD_PROFILES:
+        dirs.append(Path(results_dir))
+    for d in dirs:
+        paths = sorted(Path(d).glob("protein*.json"), key=lambda p: (p.stem != "protein", p.name))
+        recs = [(p, json.loads(p.read_text())) for p in paths]
+        # chapter 4 names each record after its family (`results_name`): the default one "protein"
+        recs = [r for p, r in recs if r.get("chapter") == p.stem and r.get("profile") == profile
+                and "aligned_columns" in r.get("values", {}).get("family", {})]
+        if recs:
+            return recs
+    raise FileNotFoundError(f"no chapter-4 results of the aligned Potts MDM under profile {profile!r} in "
+                            f"{' or '.join(str(d) for d in dict.fromkeys(dirs))}: run chapter 4 first")
 
 
 def family_verdicts(rows: list[dict]) -> str:
@@ -1181,8 +1189,8 @@ def prepare(profile, spec, model_name: str | None = None, device="cpu", progress
     """Everything chapter 4 trains, from the cache or built now: family, protein MDM, labels, MI head(s).
 
     Args:
-        profile: a `mimdm.profiles.Profile`.
-        spec: `mimdm.models.protein_zoo.FamilySpec`.
+        profile: a `mimdm.app.profiles.Profile`.
+        spec: `mimdm.pipelines.protein_zoo.FamilySpec`.
         model_name: ``"potts"`` (aligned columns), ``"offline"``, ``"esmc_300m"`` or an ESM-C weights path
             (None: ``profile.protein_backbone``).
 
@@ -1194,8 +1202,6 @@ def prepare(profile, spec, model_name: str | None = None, device="cpu", progress
     """
     import warnings
 
-    from ..models.protein_zoo import load_family, load_or_select_potts, load_protein_model
-    from .mi_head import load_or_train_head, protein_head_config_for
 
     name = model_name or profile.protein_backbone
     with warnings.catch_warnings(record=True) as caught:

@@ -1,4 +1,4 @@
-"""Which trained artifacts a profile ships (`mimdm.shipped`), what each slot's evaluation is, and how to reproduce it.
+"""Which trained artifacts a profile ships (`mimdm.core.shipped`), what each slot's evaluation is, and how to reproduce it.
 
 Every slot's record holds ``evaluation = {"reproduce": {...}, "measured": {...}}``: ``reproduce`` is recomputed by
 `reproduce` from the shipped files alone in seconds (a test checks it on every shipped slot); ``measured`` holds
@@ -10,12 +10,12 @@ pseudo-likelihood baseline), ``protein_mi_head`` and ``protein_contact_head`` (t
 ``mi_aa`` labels).
 
 ``sudoku_evals`` and ``protein_evals``: the stored decodes and NLL scores of chapters 1, 5 and 6 (Sudoku) and 4
-(DHFR) on the shipped models (`mimdm.evalcache`; a fresh clone's chapters load them instead of decoding again); the
+(DHFR) on the shipped models (`mimdm.evaluation.evalcache`; a fresh clone's chapters load them instead of decoding again); the
 reproduced evaluation re-decodes a few sequences of one stored argmax decode per kind of rule.
 
 Sudoku slots: ``sudoku_mdm`` (the profile's Sudoku MDM; its reproduced evaluation is the solve rate on
 `SUDOKU_EVAL_PUZZLES` fixed 30-35-clue puzzles by sequential decoding, exactly); with ``heads=True`` also
-``sudoku_labels`` (the MI label set packed by `mimdm.labels.pack_labels`; evaluation: context count and summed MI),
+``sudoku_labels`` (the MI label set packed by `mimdm.pipelines.labels.pack_labels`; evaluation: context count and summed MI),
 ``sudoku_mi_head`` (chapter 2's head) and ``sudoku_head_<ablation>`` (its ablations; evaluation of a head: the
 summed predicted MI on `SUDOKU_FINGERPRINT_CONTEXTS` fixed contexts).
 """
@@ -28,9 +28,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import shipped
+from mimdm.core import shipped
+from mimdm.core.artifacts import artifacts_root, git_commit, load_checkpoint, module_sha256
+from mimdm.data import sudoku as sd
+from mimdm.evaluation.evalcache import EvalCache, recheck
+from mimdm.experiments import mi_head as mh
+from mimdm.experiments import protein as xp
+from mimdm.experiments.protein import aligned_head_study, aligned_positions, head_map
+from mimdm.heads.mi_head import head_inputs, load_head
+from mimdm.models.potts import held_out_ce, load_potts
+from mimdm.pipelines.labels import PACKED, pack_labels
+from mimdm.pipelines.protein_zoo import FamilySpec, load_family
+from mimdm.pipelines.zoo import grids_to_tokens, load_sudoku_mdm, profile_sudoku_mdm, solve_rate
 
-#: Puzzles of a shipped Sudoku MDM's reproduced solve rate (`mimdm.models.zoo.solve_rate`: 30-35 clues, fixed seed).
+#: Puzzles of a shipped Sudoku MDM's reproduced solve rate (`mimdm.pipelines.zoo.solve_rate`: 30-35 clues, fixed seed).
 SUDOKU_EVAL_PUZZLES = 100
 
 #: Fixed contexts of a Sudoku head's fingerprint: this many random grids with 20 givens each (seed 0).
@@ -42,16 +53,12 @@ FINGERPRINT_RATES = (1.0, 0.5)
 
 @functools.lru_cache(maxsize=1)
 def _protein_fixture():
-    from ..models.protein_zoo import FamilySpec, load_family
-    from .protein import aligned_positions
-
     fam = load_family(FamilySpec())
     return fam, aligned_positions(fam)
 
 
 def potts_evaluation(model, family, positions) -> dict:
     """Held-out masked CE (nats per masked column) of the test-split rows at 15%, 50%, 100% masked (seed 0)."""
-    from ..models.potts import held_out_ce
 
     t = family.split.test
     return held_out_ce(model, positions.values[t], positions.weights[t], (0.15, 0.5, 1.0))
@@ -59,7 +66,6 @@ def potts_evaluation(model, family, positions) -> dict:
 
 def head_fingerprint(model, head, positions, layer: int = -1) -> dict:
     """Sum of the head's predicted MI (nats) on the reference row masked at each of `FINGERPRINT_RATES` (seed 0)."""
-    from .protein import head_map
 
     rng = np.random.default_rng(0)
     out = {}
@@ -104,7 +110,6 @@ def protein_slots(prep: dict, head_study: dict | None = None) -> list[tuple[str,
 
 def sudoku_evaluation(model) -> dict:
     """Solve rate, valid rate and mean NFE on `SUDOKU_EVAL_PUZZLES` fixed 30-35-clue puzzles (sequential decoding)."""
-    from ..models.zoo import solve_rate
 
     ev = solve_rate(model, SUDOKU_EVAL_PUZZLES)
     return {k: ev[k] for k in ("solve_rate", "valid_rate", "n_puzzles", "nfe_mean")}
@@ -113,9 +118,6 @@ def sudoku_evaluation(model) -> dict:
 def sudoku_head_fingerprint(model, head, layer: int) -> dict:
     """``{"mi_sum": summed predicted MI (nats), "n_contexts"}`` of ``head`` on `SUDOKU_FINGERPRINT_CONTEXTS` fixed
     contexts (random solution grids with 20 givens, seed 0)."""
-    from ..data import sudoku as sd
-    from ..heads import head_inputs
-    from ..models.zoo import grids_to_tokens
 
     rng = np.random.default_rng(0)
     grids = np.stack([sd.random_partial(g, 20, rng) for g in sd.random_solutions(SUDOKU_FINGERPRINT_CONTEXTS, rng)])
@@ -127,7 +129,7 @@ def sudoku_head_fingerprint(model, head, layer: int) -> dict:
 
 def labels_evaluation(path: Path) -> dict:
     """``{"n_contexts", "mi_sum"}`` (nats, upper triangles) of a packed label set."""
-    pk = torch.load(path, map_location="cpu", weights_only=True)
+    pk = load_checkpoint(path)
     return {"n_contexts": int(pk["tokens"].shape[0]), "mi_sum": float(pk["mi_triu"].double().sum())}
 
 
@@ -140,15 +142,13 @@ def slot_name(name: str) -> str:
 
 
 def ship_sudoku(profile, device="cpu", heads: bool = False, progress: bool = True) -> list[Path]:
-    """Ship the profile's Sudoku MDM from the artifact cache (trained there by `mimdm.models.zoo.profile_sudoku_mdm`,
-    or adopted from the long run by `mimdm.models.long_run.adopt`) as slot ``sudoku_mdm``; with ``heads`` also its
+    """Ship the profile's Sudoku MDM from the artifact cache (trained there by `mimdm.pipelines.zoo.profile_sudoku_mdm`,
+    or adopted from the long run by `mimdm.pipelines.long_run.adopt`) as slot ``sudoku_mdm``; with ``heads`` also its
     label set, MI head and ablation heads (built now if missing: `mimdm.experiments.mi_head.prepare`).
 
     Raises:
         FileNotFoundError: the profile's Sudoku MDM is not in the cache.
     """
-    from ..artifacts import git_commit
-    from ..models.zoo import profile_sudoku_mdm
 
     model, rec = profile_sudoku_mdm(profile, device=device, progress=False, train=False, precision="fp32")
     src = Path(rec["path"]).parent
@@ -165,10 +165,8 @@ def ship_sudoku(profile, device="cpu", heads: bool = False, progress: bool = Tru
                          extra={"torch": torch.__version__, "kind": "sudoku_mdm"})]
     if not heads:
         return dirs
-    from ..labels import pack_labels
-    from .mi_head import prepare
 
-    prep = prepare(profile, model, rec["path"], progress=progress)
+    prep = mh.prepare(profile, model, rec["path"], progress=progress)
     packed = pack_labels(prep["labels"])
     man = json.loads((prep["labels"] / "manifest.json").read_text())
     probe_minutes = round(sum(v["seconds"] for v in man["shards"].values()) / 60, 2)
@@ -189,14 +187,11 @@ def ship_sudoku(profile, device="cpu", heads: bool = False, progress: bool = Tru
     return dirs
 
 
-#: Sequences re-decoded per rechecked entry of a shipped evaluation cache (`mimdm.evalcache.recheck`).
+#: Sequences re-decoded per rechecked entry of a shipped evaluation cache (`mimdm.evaluation.evalcache.recheck`).
 EVALS_RECHECK_ROWS = 8
 
 
 def _evals_recheck(cache, model, head) -> dict:
-    from ..artifacts import module_sha256
-    from ..evalcache import recheck
-
     return recheck(cache, model, {module_sha256(head): head}, n_rows=EVALS_RECHECK_ROWS)
 
 
@@ -206,10 +201,6 @@ EVAL_DOMAINS = {"sudoku": ("sudoku_mdm", "sudoku_mi_head"), "protein": ("protein
 
 def _shipped_models(profile_name: str, domain: str, device="cpu"):
     """The installed shipped MDM and MI head of an evaluation domain (`EVAL_DOMAINS`)."""
-    from ..artifacts import artifacts_root
-    from ..heads import load_head
-    from ..models.potts import load_potts
-    from ..models.zoo import load_sudoku_mdm
 
     mdm_slot, head_slot = EVAL_DOMAINS[domain]
     recs = {r["slot"]: r for r in shipped.records(profile_name)}
@@ -223,21 +214,19 @@ def _shipped_models(profile_name: str, domain: str, device="cpu"):
 
 
 def ship_evals(profile, device="cpu", domain: str = "sudoku") -> list[Path]:
-    """Ship the stored decodes and NLL scores of a domain's shipped MDM (`mimdm.evalcache`, folder
+    """Ship the stored decodes and NLL scores of a domain's shipped MDM (`mimdm.evaluation.evalcache`, folder
     ``evals/<domain>-*``, filled by running the chapters: 1, 5 and 6 for ``"sudoku"``, 4 for ``"protein"``) as slot
     ``<domain>_evals``.
 
     Only entries computed on the shipped MDM of the domain (its weights' sha256) are shipped. The slot's reproduced
     evaluation re-decodes the first `EVALS_RECHECK_ROWS` sequences of one argmax decode per kind of rule with the
-    shipped MDM and MI head (`mimdm.evalcache.recheck`).
+    shipped MDM and MI head (`mimdm.evaluation.evalcache.recheck`).
 
     Raises:
         KeyError: an unknown domain (`EVAL_DOMAINS`).
         FileNotFoundError: the domain's shipped MDM or MI head is not installed, or no entry is stored for it.
         ValueError: a stored decode does not reproduce.
     """
-    from ..artifacts import git_commit, load_checkpoint, module_sha256
-    from ..evalcache import EvalCache
 
     model, head = _shipped_models(profile.name, domain, device)
     cache = EvalCache(domain)
@@ -258,31 +247,21 @@ def reproduce(record: dict, device="cpu") -> dict:
 
     Raises:
         KeyError: a slot this module does not know.
-        FileNotFoundError: a checkpoint it needs is not installed (`mimdm.shipped.install`).
+        FileNotFoundError: a checkpoint it needs is not installed (`mimdm.core.shipped.install`).
     """
-    from ..artifacts import artifacts_root
-    from ..heads import load_head
-    from ..models.potts import load_potts
 
     slot = record["slot"]
     path = artifacts_root() / record["artifact"]
     if slot.endswith("_evals"):
-        from ..evalcache import EvalCache
-
         domain = slot[:-len("_evals")]
         model, head = _shipped_models(record["profile"], domain, device)
         return _evals_recheck(EvalCache(domain), model, head)
     if slot == "sudoku_mdm":
-        from ..models.zoo import load_sudoku_mdm
-
         model, _ = load_sudoku_mdm(path / "model.pt", device)
         return {"solve": sudoku_evaluation(model)}
     if slot == "sudoku_labels":
-        from ..labels import PACKED
-
         return labels_evaluation(path / PACKED)
     if slot.startswith("sudoku_"):  # a Sudoku head: its fingerprint on the shipped Sudoku MDM
-        from ..models.zoo import load_sudoku_mdm
 
         mdm = next(r for r in shipped.records(record["profile"]) if r["slot"] == "sudoku_mdm")
         model, _ = load_sudoku_mdm(artifacts_root() / mdm["artifact"] / "model.pt", device)
@@ -308,11 +287,8 @@ def ship_protein(profile, device="cpu", progress: bool = True) -> list[Path]:
     Returns:
         The slot folders written under ``checkpoints/<profile.name>/``.
     """
-    from ..artifacts import git_commit
-    from ..models.protein_zoo import FamilySpec
-    from .protein import aligned_head_study, prepare
 
-    prep = prepare(profile, FamilySpec(), "potts", device=device, progress=progress)
+    prep = xp.prepare(profile, FamilySpec(), "potts", device=device, progress=progress)
     study = aligned_head_study(prep)
     dirs = []
     for slot, src, files, ev in protein_slots(prep, study):

@@ -14,11 +14,22 @@ import os
 import numpy as np
 import torch
 
-from ..data import sudoku as sd
-from ..decoding import EBSampler, MIGuided, Sequential, Threshold, TopK, decode, head_mi_fn, oracle_mi_fn, zero_mi_fn
-from ..evalcache import EvalCache, cached_decode
-from ..models.base import MaskedModel
-from ..models.zoo import grids_to_tokens, tokens_to_grids
+from mimdm.core.artifacts import artifact_dir
+from mimdm.core.contract import MaskedModel
+from mimdm.data import sudoku as sd
+from mimdm.evaluation.evalcache import EvalCache, cached_decode
+from mimdm.pipelines.zoo import grids_to_tokens, tokens_to_grids
+from mimdm.sampling.decoding import (
+    EBSampler,
+    MIGuided,
+    Sequential,
+    Threshold,
+    TopK,
+    decode,
+    head_mi_fn,
+    oracle_mi_fn,
+    zero_mi_fn,
+)
 
 
 def hard_puzzles(n: int, clues: tuple[int, int], rng, oversample: int = 2) -> list[sd.Puzzle]:
@@ -77,7 +88,6 @@ def chapter_sets(profile, seed: int = 0, root=None) -> tuple[list[sd.Puzzle], li
     Returns:
         ``(dev_puzzles, test_puzzles, generation_contexts [n, 81])``.
     """
-    from ..artifacts import artifact_dir
 
     key = {"n_dev": profile.dev_puzzles, "n_test": profile.hard_puzzles, "clues": list(profile.hard_clues),
            "seed": seed + 50, "oversample": 2, "generation": [profile.generation_contexts, profile.generation_max_clues],
@@ -109,7 +119,7 @@ def sequential_solve_rate(model: MaskedModel, puzzles: list[sd.Puzzle], confiden
                           cache: EvalCache | None = None) -> dict:
     """Sequential (confidence-ordered, argmax) decoding of ``puzzles``: ``{"n", "solve_rate", "ci_low", "ci_high"
     (Wilson, `rate_interval`), "nfe" (mean passes per puzzle)}``; ``cache``: reuse a stored decode of the same
-    model and puzzles (`mimdm.evalcache`; chapter 5's held-out sequential row is the same decode)."""
+    model and puzzles (`mimdm.evaluation.evalcache`; chapter 5's held-out sequential row is the same decode)."""
     out, _ = cached_decode(cache, model, grids_to_tokens(np.stack([p.puzzle for p in puzzles]), model.device),
                            Sequential("confidence"))
     res = score_solving(out.tokens, puzzles)
@@ -224,14 +234,10 @@ MI_SETTINGS = ([(e, c) for c in (0.05, 0.1, 0.2, 0.3, 0.5, 1.0) for e in (0.003,
 """Default (ε nats, entropy cap nats) grid of the MI-guided sweep."""
 
 GENERATION_MI_SETTINGS = [(0.01, c) for c in (0.1, 0.3, 1.0)] + [(e, math.inf) for e in (3e-4, 1e-3, 3e-3, 1e-2)]
-"""(ε, entropy cap) grid of the MI-guided sweep in generation (chapter 5), a subset of `MI_SETTINGS`.
-
-Every uncapped ε (where MI does the work) and ε = 0.01 at the caps 0.1, 0.3 and 1.0. With the full
-grid, every capped setting took 45-65 passes in generation from near-empty grids, far more than the
-uncapped ones, and the three ε at one cap were within a few passes of each other (3 at cap 1.0; cpu
-run of chapter 5, `book/results/speedup.json` at commit 4da7067): the subset samples that region at a third of the cost, which keeps the chapter
-within the main job's time.
-"""
+"""(ε, entropy cap) grid of the MI-guided sweep in generation (chapter 5), a subset of `MI_SETTINGS`: every
+uncapped ε (where MI does the work) and ε = 0.01 at the caps 0.1, 0.3 and 1.0. In generation from near-empty grids
+the capped settings cost far more passes than the uncapped ones and differ little in ε, so one ε per cap samples
+that region at a third of the cost (chapter 5 shows the sweep)."""
 
 
 def rule_grid(head=None, layer: int = -1, oracle: bool = False, knobs: dict | None = None) -> list[tuple[str, float, object]]:
@@ -239,9 +245,9 @@ def rule_grid(head=None, layer: int = -1, oracle: bool = False, knobs: dict | No
 
     ``knobs`` overrides the default values per rule name: lists of k, τ, γ; for ``"MI-guided"`` and
     ``"MI-oracle"`` lists of ``(ε, entropy cap)`` pairs or ``(ε, entropy cap, budget)`` triples (the
-    summed-MI budget of `mimdm.decoding.MIGuided`; the knob reported is ε; cap and budget are read
+    summed-MI budget of `mimdm.sampling.decoding.MIGuided`; the knob reported is ε; cap and budget are read
     from the rule, see `sweep`); for ``"entropy cap"`` (the MI-guided rule with zero MI at no cost,
-    `mimdm.decoding.zero_mi_fn`: the cap alone, a control for what the MI adds) a list of caps, the knob.
+    `mimdm.sampling.decoding.zero_mi_fn`: the cap alone, a control for what the MI adds) a list of caps, the knob.
 
     Raises:
         ValueError: an MI-guided/oracle knob value that is not an ``(ε, cap)`` pair.
@@ -290,7 +296,7 @@ def sweep(model: MaskedModel, tokens: torch.Tensor, rules, score, temperature: f
           progress: bool = False, cache: EvalCache | None = None, timing_items: int = TIMING_ITEMS) -> list[dict]:
     """Decode ``tokens`` with every rule; ``score(out_tokens) -> dict`` of quality numbers.
 
-    With a ``cache`` (`mimdm.evalcache`), decodes come from it when stored and wall-clock is measured in this run,
+    With a ``cache`` (`mimdm.evaluation.evalcache`), decodes come from it when stored and wall-clock is measured in this run,
     for every rule on the same first ``timing_items`` sequences (an uncached decode of those, after one untimed
     warm-up; a decode computed now on no more sequences is its own timing), so that the seconds of all rows of a sweep are comparable whatever run computed their outcomes.
     Without a cache, seconds are those of the full decode.
@@ -662,3 +668,81 @@ def held_out_verdict(held_out: list[dict], claim: tuple[float, float] = (3.0, 5.
     return (f"On {mg['n']:,} held-out hard puzzles, MI-guided decoding at the setting chosen on the development set "
             f"needs {red:.2f}× fewer passes than sequential decoding{ci}, {vs_claim}, with {quality}; {wall}. "
             f"Against the other rules' chosen settings it " + "; ".join(parts) + ".")
+
+
+def _has_cap(cap) -> bool:
+    """None or NaN (pandas turns None into NaN) mean "no entropy cap"."""
+    return cap is not None and not (isinstance(cap, float) and math.isnan(cap))
+
+
+def _missing(x) -> bool:
+    """None (how results files store NaN) or NaN."""
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def _p_value(p: float) -> str:
+    return f"p = {p:.2f}" if p >= 0.01 else "p < 0.01"
+
+
+def describe_setting(r: dict) -> str:
+    """One rule's row of `matched_quality` or `report_held_out` in words: passes (NFE), its setting, the NFE and
+    wall-clock reductions against sequential decoding and, where paired, the difference in quality with its 95%
+    interval and McNemar p-value; "does not reach it" when no setting reaches the matched quality."""
+    if _missing(r["nfe"]):
+        return "does not reach it"
+    cap = f', cap {r["entropy_cap"]:g}' if _has_cap(r.get("entropy_cap")) else ""
+    knob = f' (ε={r["knob"]:g}{cap})' if r["rule"] == "MI-guided" else ""
+    wc = r["wallclock_reduction"]
+    wall = (f"wall-clock {wc:.1f}x" if wc >= 1.05 else
+            f"wall-clock {wc:.2f}x, {'slower than' if wc < 1 else 'about as fast as'} sequential")
+    paired = ""
+    if not _missing(r.get("mcnemar_p")):
+        paired = (f'; {100 * r["paired_difference"]:+.1f} points (rule minus sequential, same items), 95% CI '
+                  f'{100 * r["paired_ci_low"]:+.1f} to {100 * r["paired_ci_high"]:+.1f}, McNemar {_p_value(r["mcnemar_p"])}')
+    return f'{r["nfe"]:.1f} passes{knob} ({r["nfe_reduction"]:.1f}x fewer, {wall}{paired})'
+
+
+def findings_markdown(values: dict, oracle_puzzles: int) -> str:
+    """Chapter 5's findings as a Markdown list, from its results (``values`` of ``speedup.json``: held-out report,
+    matched-quality tables, equal-NFE comparisons, oracle gap) and the size of the oracle subset."""
+    held = values["held_out"]
+    seq = next(r for r in held if r["rule"] == "sequential")
+    m = {r["rule"]: r for r in values["matched_hard_dev"]}
+    ho = {r["rule"]: r for r in held}
+    g = {r["rule"]: r for r in values["matched_generation"]}
+    gn = {r["rule"]: r for r in values["matched_generation_nll"]}
+    seq_gen = next(r for r in values["generation"] if r["rule"] == "sequential")
+    n_test, n_dev = values["hard_set"]["n"], values["dev_set"]["n"]
+    fmt = describe_setting
+
+    def held_rule(name):
+        return fmt(ho[name]) if name in ho else "no setting chosen"
+
+    eb, thr, cap, gen = (values[k] for k in ("mi_vs_eb_hard", "mi_vs_threshold_hard", "mi_vs_cap_hard",
+                                              "mi_vs_eb_generation"))
+    gaps = values["oracle_gap"]
+    return f'''
+- **Reference.** Sequential decoding solves {100 * seq["solve_rate"]:.1f}% of the {n_test:,} held-out hard puzzles
+  (95% Wilson interval {100 * seq["solve_rate_ci_low"]:.1f}-{100 * seq["solve_rate_ci_high"]:.1f}%) with {seq["nfe"]:.1f} passes per puzzle.
+- **Held out** (settings chosen on the {n_dev} development puzzles): {held_out_verdict(held)}
+- **Held out, each rule**: MI-guided {held_rule("MI-guided")}; the entropy cap alone {held_rule("entropy cap")};
+  EB-sampler {held_rule("EB-sampler")}; threshold {held_rule("threshold")}; top-k {held_rule("top-k")}.
+- **Development set, matched solve rate** (within 1 point, chosen and measured on the same {n_dev} puzzles): MI-guided {fmt(m["MI-guided"])}; the entropy cap alone {fmt(m["entropy cap"])};
+  EB-sampler {fmt(m["EB-sampler"])}; threshold {fmt(m["threshold"])}; top-k {fmt(m["top-k"])}.
+- **Generation** (matched validity): MI-guided {fmt(g["MI-guided"])}; the entropy cap alone {fmt(g["entropy cap"])};
+  EB-sampler {fmt(g["EB-sampler"])}; threshold {fmt(g["threshold"])}; top-k {fmt(g["top-k"])}.
+- **Generation, NLL** (sequential: {seq_gen["nll"]:.1f} ± {seq_gen["nll_stderr"]:.1f} nats per grid; matched within two standard errors):
+  MI-guided {fmt(gn["MI-guided"])}; the entropy cap alone {fmt(gn["entropy cap"])}; EB-sampler {fmt(gn["EB-sampler"])};
+  threshold {fmt(gn["threshold"])}; top-k {fmt(gn["top-k"])}.
+- **Equal NFE** (budgets of sequential NFE / 8, 5, 4, 3, 2): on the development puzzles MI-guided is at least as good as EB-sampler at
+  {eb["a_at_least_b"]} of {eb["n_budgets"]} budgets where both have a setting
+  (mean difference {eb["mean_difference"]:+.3f}) and as the threshold rule at
+  {thr["a_at_least_b"]} of {thr["n_budgets"]}, but as the entropy cap alone only at
+  {cap["a_at_least_b"]} of {cap["n_budgets"]} (mean difference {cap["mean_difference"]:+.3f}); in generation it matches or beats
+  EB at {gen["a_at_least_b"]} of {gen["n_budgets"]}.
+- **Oracle.** On a {oracle_puzzles}-puzzle subset of the development set, probed MI changes the solve rate by
+  {", ".join(f"{r['solve_rate_gap']:+.2f}" for r in gaps)} and the NFE by
+  {", ".join(f"{-r['nfe_gap']:+.1f}" for r in gaps)} against the head at (ε, cap) =
+  {", ".join(f"({r['eps']:g}, {r['entropy_cap'] if _has_cap(r['entropy_cap']) else '∞'})" for r in gaps)}
+  (McNemar {", ".join(_p_value(r['mcnemar_p']) for r in gaps)}; same puzzles).
+'''

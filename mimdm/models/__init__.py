@@ -1,1 +1,1 @@
-"""Models of the study, all behind the `MaskedModel` interface (`mimdm.models.base`)."""
+"""Models of the study, all behind the `MaskedModel` interface (`mimdm.core.contract`)."""

@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..data.protein import AMINO_ACIDS, MASK_CHAR, validate_sequence
-from ..device import resolve_device
-from .base import MaskedModel, MDMOutput
+from mimdm.core.contract import MaskedModel, MDMOutput
+from mimdm.core.device import resolve_device
+from mimdm.data.protein import AMINO_ACIDS, MASK_CHAR, validate_sequence
 
 CLS_ID, PAD_ID, EOS_ID, MASK_ID = 0, 1, 2, 32
 N_ESMC_TOKENS = 33  # ESM-C vocabulary (the embedding has 64 rows; ids >= 33 are unused)
@@ -126,7 +126,7 @@ class ESMCMDM(MaskedModel):
                 official file, or this adapter's ``state_dict()`` with ``esmc.`` prefixes); or a
                 directory holding ``data/weights/esmc_300m_2024_12_v0.pth`` (a snapshot of the
                 repository).
-            device: ``"cpu"``, ``"cuda"``, ``"auto"`` (see `mimdm.device.resolve_device`).
+            device: ``"cpu"``, ``"cuda"``, ``"auto"`` (see `mimdm.core.device.resolve_device`).
             d_model, n_heads, n_layers: architecture of a local state dict (default: 300M,
                 960/15/30).
             max_len: longest protein accepted, in residues.

@@ -14,7 +14,8 @@ import math
 import torch
 from torch import Tensor
 
-from .base import MaskedModel, MDMOutput
+from mimdm.core.contract import MaskedModel, MDMOutput
+from mimdm.core.information import pairwise_mi
 
 
 def potts_chain_log_joint(length: int, n_values: int, coupling: float = 1.0, field_scale: float = 0.5,
@@ -141,7 +142,6 @@ class TableJointMDM(MaskedModel):
         Computed from the joint (not from the model's conditionals); zero on the diagonal and
         for observed positions.
         """
-        from ..probing import pairwise_mi
 
         states, probs = self.conditional(tokens_L)
         return pairwise_mi(states, probs, len(self.vocab))

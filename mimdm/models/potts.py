@@ -47,11 +47,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..artifacts import artifact_dir, atomic_save, load_checkpoint
-from ..data import protein as pr
-from ..device import resolve_device
-from .base import MaskedModel, MDMOutput
-from .training import OBJECTIVE_VERSION, TrainConfig, train_mdm
+from mimdm.core.artifacts import artifact_dir, atomic_save, load_checkpoint
+from mimdm.core.contract import MaskedModel, MDMOutput
+from mimdm.core.device import resolve_device
+from mimdm.data import protein as pr
+from mimdm.models.training import OBJECTIVE_VERSION, TrainConfig, train_mdm
 
 ALIGNED_VOCAB = tuple(pr.AMINO_ACIDS) + ("-",)
 """The 21 values of an aligned column: the 20 amino acids, then the gap (value 20)."""
@@ -323,11 +323,12 @@ def site_log_frequencies(values_NL: np.ndarray, weights_N: np.ndarray, pseudocou
     return lf - lf.mean(1, keepdims=True)
 
 
-def potts_dir(cfg: PottsMDMConfig, train_cfg: TrainConfig, data_id: str, columns_id: str, root: Path | None = None) -> Path:
-    """Artifact folder of a Potts MDM of these configurations and data."""
+def potts_dir(cfg: PottsMDMConfig, train_cfg: TrainConfig, data_id: str, columns_id: str, root: Path | None = None,
+              create: bool = True) -> Path:
+    """Artifact folder of a Potts MDM of these configurations and data (``create=False``: only the path)."""
     c = {"model": cfg.to_dict(), "train": train_cfg.to_dict(), "data": data_id, "columns": columns_id,
          "objective": OBJECTIVE_VERSION, "arch": "potts-v3"}  # v3: couplings stored packed in float16
-    return artifact_dir("protein_mdm", f"potts-{cfg.masking}", c, root)
+    return artifact_dir("protein_mdm", f"potts-{cfg.masking}", c, root, create)
 
 
 def train_potts_mdm(values_train: np.ndarray, weights_train: np.ndarray, values_val: np.ndarray,
@@ -433,7 +434,7 @@ def load_potts(path: Path, device="cpu") -> tuple[PottsMDM, dict]:
     """Load a Potts MDM checkpoint (``weights_only=True``).
 
     Raises:
-        FileNotFoundError, ValueError: as `mimdm.artifacts.load_checkpoint`; not a Potts MDM checkpoint.
+        FileNotFoundError, ValueError: as `mimdm.core.artifacts.load_checkpoint`; not a Potts MDM checkpoint.
     """
     dev = resolve_device(device)
     ck = load_checkpoint(path, dev)

@@ -1,8 +1,8 @@
 """A bidirectional transformer MDM for Sudoku with row/column/box embeddings.
 
 Tokens: 0..8 are the digits 1..9, 9 is the mask. Every cell gets the sum of a token embedding
-and learned row, column and box embeddings (without these the model learns the rules far more
-slowly: measured on 2 CPU cores, loss still ~2.0 after 15 min); then pre-norm transformer
+and learned row, column and box embeddings (without them the model must learn the grid's geometry from
+positions alone, which is far slower); then pre-norm transformer
 encoder blocks with full (bidirectional) attention, a final LayerNorm, and a linear read-out to
 the 9 digits.
 
@@ -12,8 +12,8 @@ needs no learning from embeddings (an attention bias on the constraint graph, as
 attention, Shaw et al. 2018).
 
 Configurations (`SudokuMDMConfig`): ``paper()`` is the paper's 4 layers, d=384, 12 heads, FF 512
-(3.97M parameters here; the paper reports 4.16M for its variant); ``cpu()`` is a ~1M-parameter
-model that trains to >= 90% solved 30-35-clue puzzles in about 20 minutes on 2 cores.
+(3.97M parameters here; the paper reports 4.16M for its variant); ``cpu()`` is a ~1M-parameter model sized
+for CPU training (chapter 1 reports its training and solve rates).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .base import MaskedModel, MDMOutput
+from mimdm.core.contract import MaskedModel, MDMOutput
 
 N_CELLS = 81
 MASK_ID = 9

@@ -6,8 +6,8 @@ minimise the cross-entropy of the true values at the masked positions. Weighting
 
 - ``"none"`` (used for the study's Sudoku models): the mean cross-entropy over all masked
   positions of the batch, no 1/t weight. It trains the conditionals p(x_i | x_unmasked) that
-  decoding and probing use, with the lowest gradient variance (measured: it memorises a grid
-  about 3x faster than ``"example"``); examples with many masked positions weigh more.
+  decoding and probing use, with the lowest gradient variance; examples with many masked positions weigh
+  more.
 - ``"example"``: the mean over each example's masked positions, averaged over the batch: every
   masking rate weighs the same, as under the ELBO's 1/t weighting (Σ_masked CE / (t·L) ≈ the
   per-example mean), without the 1/t variance.
@@ -37,8 +37,8 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..artifacts import atomic_save, load_checkpoint
-from .base import MaskedModel
+from mimdm.core.artifacts import atomic_save, load_checkpoint
+from mimdm.core.contract import MaskedModel
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,126 @@
+"""Figures of the study (matplotlib)."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from mimdm.evaluation.metrics import as_numpy
+from mimdm.experiments.speedup import pareto_front
+
+
+def plot_mi_matrix(mi_LL, ax=None, title: str = "", block: int | None = 9, vmax: float | None = None, cmap="viridis"):
+    """Draw an ``[L, L]`` MI matrix (nats) as a heatmap; ``block`` draws grid lines every ``block`` positions."""
+    ax = ax or plt.gca()
+    m = as_numpy(mi_LL)
+    im = ax.imshow(m, cmap=cmap, vmin=0, vmax=vmax if vmax is not None else max(1e-9, float(m.max())),
+                   interpolation="nearest")
+    if block:
+        for k in range(block, m.shape[0], block):
+            ax.axhline(k - 0.5, color="w", lw=0.3)
+            ax.axvline(k - 0.5, color="w", lw=0.3)
+    ax.set_title(title, fontsize=9)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    plt.colorbar(im, ax=ax, fraction=0.046, pad=0.02, label="MI (nats)")
+    return ax
+
+
+def plot_cell_mi_grid(mi_row_81, grid_81, cell: int, ax=None, title: str = "", vmax: float | None = None):
+    """A Sudoku grid coloured by the MI (nats) of every cell with ``cell``; givens are printed, ``cell`` is outlined."""
+    ax = ax or plt.gca()
+    v = as_numpy(mi_row_81).reshape(9, 9)
+    g = np.asarray(grid_81).reshape(9, 9)
+    im = ax.imshow(v, cmap="magma", vmin=0, vmax=vmax if vmax is not None else max(1e-9, float(v.max())))
+    for r in range(9):
+        for c in range(9):
+            if g[r, c]:
+                ax.text(c, r, str(g[r, c]), ha="center", va="center", fontsize=7, color="0.6")
+    for k in (2.5, 5.5):
+        ax.axhline(k, color="w", lw=1.2)
+        ax.axvline(k, color="w", lw=1.2)
+    r, c = divmod(cell, 9)
+    ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, ec="cyan", lw=2))
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title, fontsize=9)
+    plt.colorbar(im, ax=ax, fraction=0.046, pad=0.02, label="MI (nats)")
+    return ax
+
+
+def plot_pareto_sweep(rows, metric: str, ax=None, title: str = "", higher_is_better: bool = True):
+    """A decoding sweep (rows of `mimdm.experiments.speedup.sweep`, a DataFrame or list of dicts): every setting of a
+    rule as a faint point at (mean NFE, ``metric``), each rule's Pareto frontier as a line, sequential as a star."""
+    ax = ax or plt.gca()
+    df = pd.DataFrame(rows)
+    for i, (name, g) in enumerate(df.groupby("rule", sort=False)):
+        col = f"C{i}"
+        if name == "sequential":
+            ax.plot(g.nfe, g[metric], "*", c=col, ms=10, label=name)
+            continue
+        ax.plot(g.nfe, g[metric], "o", c=col, ms=3, alpha=0.35)
+        f = pd.DataFrame(pareto_front(g.to_dict(orient="records"), metric, higher_is_better=higher_is_better))
+        if len(f):
+            ax.plot(f.nfe, f[metric], "o-", c=col, ms=4, label=name)
+    ax.set_xlabel("mean NFE (forward passes) per grid")
+    ax.set_ylabel(metric)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    return ax
+
+
+def plot_nfe_sweep(rows, metric: str, ax=None, title: str = "", ylabel: str = ""):
+    """A decoding sweep as one line per rule against mean NFE on a log scale (sequential as a star)."""
+    ax = ax or plt.gca()
+    for name, g in pd.DataFrame(rows).groupby("rule", sort=False):
+        ax.plot(g.nfe, g[metric], "*" if name == "sequential" else "o-", ms=9 if name == "sequential" else 4, label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("mean NFE per sequence (log scale)")
+    ax.set_ylabel(ylabel or metric)
+    ax.set_title(title, fontsize=10)
+    return ax
+
+
+def plot_unmask_steps(step_of_81, ax=None, title: str = ""):
+    """A Sudoku grid coloured by the decoding step at which each cell was unmasked (givens, step -1, left blank)."""
+    ax = ax or plt.gca()
+    steps = as_numpy(step_of_81).reshape(9, 9)
+    im = ax.imshow(np.where(steps < 0, np.nan, steps), cmap="viridis")
+    for r in range(9):
+        for c in range(9):
+            ax.text(c, r, "·" if steps[r, c] < 0 else str(steps[r, c]), ha="center", va="center", fontsize=7, color="w")
+    for k in (2.5, 5.5):
+        ax.axhline(k, color="k", lw=1.2)
+        ax.axvline(k, color="k", lw=1.2)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title, fontsize=9)
+    plt.colorbar(im, ax=ax, fraction=0.046)
+    return ax
+
+
+def plot_training(log, curve, n_parameters: int, train_seconds: float, axes=None):
+    """Two panels: training loss against step (``log``: rows with ``step``, ``loss``) with the uniform-guess level
+    ln 9, and, if ``curve`` has rows (``examples_seen``, ``solve_30_35``, ``solve_hard``), the solve rates during
+    training."""
+    log, curve = pd.DataFrame(log), pd.DataFrame(curve)
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    axes[0].plot(log.step, log.loss)
+    axes[0].set_xlabel("training step")
+    axes[0].set_ylabel("loss (nats per masked cell)")
+    axes[0].axhline(np.log(9), ls=":", c="gray", label="uniform guess (ln 9)")
+    axes[0].legend()
+    axes[0].set_title(f"{n_parameters:,} parameters, {train_seconds / 60:.0f} min of training")
+    if len(curve):
+        axes[1].plot(curve.examples_seen / 1e6, 100 * curve.solve_30_35, "o-", ms=3, label="30-35 clues")
+        axes[1].plot(curve.examples_seen / 1e6, 100 * curve.solve_hard, "o-", ms=3, label="24-26 clues")
+        axes[1].set_xlabel("training examples seen (millions)")
+        axes[1].set_ylabel("solved (%)")
+        axes[1].set_ylim(0, 100)
+        axes[1].set_title("solve rate during training (100 puzzles each)")
+        axes[1].legend()
+    else:
+        axes[1].axis("off")
+        axes[1].text(0.5, 0.5, "no solve-rate curve recorded for this model", ha="center")
+    return axes

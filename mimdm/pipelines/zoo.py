@@ -1,0 +1,174 @@
+"""Trained models of the study, cached by configuration (train once, load afterwards)."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mimdm.core.artifacts import artifact_dir, atomic_save, load_checkpoint
+from mimdm.core.device import apply_precision, resolve_device
+from mimdm.core.shipped import refuse_training
+from mimdm.data import sudoku as sd
+from mimdm.data.curriculum import CurriculumConfig, curriculum_batch, load_or_build_pool
+from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
+from mimdm.models.training import OBJECTIVE_VERSION, TrainConfig, train_mdm
+from mimdm.sampling.decoding import Sequential, decode
+
+EVAL_CLUES = (30, 35)
+EVAL_SEED = 12345
+
+
+def sudoku_batch(rng: np.random.Generator, batch_size: int) -> torch.Tensor:
+    """``[B, 81]`` long clean training values (digit-1) of fresh random solution grids."""
+    return torch.from_numpy(sd.random_solutions(batch_size, rng).astype(np.int64) - 1)
+
+
+def grids_to_tokens(grids: np.ndarray, device="cpu") -> torch.Tensor:
+    """``[N, 81]`` int grids (0 blank, 1..9) -> ``[N, 81]`` long Sudoku MDM tokens (9 = mask).
+
+    Args:
+        grids: ``[N, 81]`` integer array (floats holding whole numbers are accepted).
+        device: where to put the tokens (checked by `mimdm.core.device.resolve_device`).
+
+    Raises:
+        SudokuError: wrong shape, values outside 0..9, or non-integer values (not truncated).
+        ValueError / RuntimeError: as `mimdm.core.device.resolve_device` (not a device; CUDA asked for
+            on a machine without it).
+    """
+
+    arr = np.asarray(grids)
+    if arr.ndim != 2 or arr.shape[1] != 81:
+        raise sd.SudokuError(f"grids must have shape [N, 81], got {arr.shape}")
+    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        raise sd.SudokuError(f"grid values must be integers 0 (blank) or 1..9, got dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.floating) and arr.size and not (np.isfinite(arr).all() and (arr == np.round(arr)).all()):
+        raise sd.SudokuError("grid values must be whole numbers 0 (blank) or 1..9, got non-integer values")
+    if arr.size and (arr.min() < 0 or arr.max() > 9):
+        raise sd.SudokuError(f"grid values must be 0 (blank) or 1..9, got range [{arr.min()}, {arr.max()}]")
+    g = torch.as_tensor(arr.astype(np.int64), device=resolve_device(device))
+    return torch.where(g == 0, torch.full_like(g, 9), g - 1)
+
+
+def tokens_to_grids(tokens: torch.Tensor) -> np.ndarray:
+    """Inverse of `grids_to_tokens`: ``[N, 81]`` int8 grids, mask -> 0."""
+    t = tokens.detach().cpu().numpy().astype(np.int64)
+    return np.where(t == 9, 0, t + 1).astype(np.int8)
+
+
+def solve_rate(model: SudokuMDM, n_puzzles: int, clues=EVAL_CLUES, seed: int = EVAL_SEED) -> dict:
+    """Fraction of unique puzzles the model solves by sequential confidence-ordered decoding.
+
+    Puzzles: ``n_puzzles`` unique puzzles with clue counts uniform in ``clues`` (inclusive),
+    made with ``seed``. Returns ``{"solve_rate", "valid_rate", "n_puzzles", "clues", "nfe_mean",
+    "seconds"}``; "valid" means a valid grid that keeps the givens (for a unique puzzle this
+    equals solved).
+    """
+
+    puzzles = sd.make_puzzles(n_puzzles, clues, np.random.default_rng(seed))
+    grids = np.stack([p.puzzle for p in puzzles])
+    t0 = time.perf_counter()
+    res = decode(model, grids_to_tokens(grids, model.device), Sequential("confidence"))
+    dt = time.perf_counter() - t0
+    out = tokens_to_grids(res.tokens)
+    solved = np.array([np.array_equal(o, p.solution) for o, p in zip(out, puzzles)])
+    valid = sd.is_valid_solution_batch(out) & np.all((grids == 0) | (out == grids), axis=1)
+    return {"solve_rate": float(solved.mean()), "valid_rate": float(valid.mean()), "n_puzzles": n_puzzles,
+            "clues": list(clues), "nfe_mean": float(res.nfe.float().mean()), "seconds": round(dt, 2)}
+
+
+def sudoku_mdm_dir(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig, root: Path | None = None,
+                   curriculum: CurriculumConfig | None = None, create: bool = True) -> Path:
+    """Artifact folder of the Sudoku MDM with these configurations (``curriculum``: the puzzle-mask curriculum it
+    was trained with, `mimdm.data.curriculum`; None: random masks only, and the key of earlier models;
+    ``create=False``: only the path, for a read-only lookup)."""
+    cfg = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "data": sd.GENERATOR_ID,
+           "objective": OBJECTIVE_VERSION}
+    if curriculum is not None:
+        cfg["curriculum"] = curriculum.to_dict()
+    return artifact_dir("sudoku_mdm", f"d{model_cfg.d_model}-l{model_cfg.n_layers}", cfg, root, create)
+
+
+def load_sudoku_mdm(path: Path, device="cpu") -> tuple[SudokuMDM, dict]:
+    """Load a trained Sudoku MDM from its ``model.pt`` (``weights_only=True``).
+
+    Returns:
+        ``(model in eval mode, record)``; ``record`` holds ``model_config``, ``train_config``,
+        ``log`` (training log), ``eval`` (solve rate) and ``n_parameters``.
+
+    Raises:
+        FileNotFoundError: no checkpoint at ``path``.
+        ValueError: the file is not a Sudoku MDM checkpoint.
+    """
+    dev = resolve_device(device)
+    ck = load_checkpoint(path, dev)
+    if ck.get("kind") != "sudoku_mdm":
+        raise ValueError(f"{path} is not a Sudoku MDM checkpoint (kind={ck.get('kind')!r})")
+    model = SudokuMDM(SudokuMDMConfig(**json.loads(ck["model_config"]))).to(dev)
+    model.load_state_dict(ck["state_dict"])
+    model.eval()
+    record = {k: json.loads(ck[k]) for k in ("model_config", "train_config", "log", "eval") if k in ck}
+    record["trained_on"] = json.loads(ck["trained_on"]) if "trained_on" in ck else None
+    record["n_parameters"] = model.n_parameters()
+    record["path"] = str(path)
+    return model, record
+
+
+def load_or_train_sudoku_mdm(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig, device="cpu",
+                             n_eval: int = 200, progress: bool = True, root: Path | None = None,
+                             train: bool = True, precision: str = "auto",
+                             curriculum: CurriculumConfig | None = None) -> tuple[SudokuMDM, dict]:
+    """The Sudoku MDM of these configurations: loaded from the artifact cache, else trained.
+
+    With a ``curriculum`` part of each batch is puzzle-shaped masks from its puzzle pool (built once into the
+    model's artifact folder; `mimdm.data.curriculum.curriculum_batch`), the rest random grids masked at random.
+
+    The returned model computes forward passes in ``precision`` (`mimdm.core.device.apply_precision`:
+    ``"auto"`` is bf16 autocast on a CUDA device that supports it, fp32 otherwise); training and
+    its evaluation run in fp32.
+
+    Training is resumable (an interrupted run continues from ``train_state.pt``); at the end the
+    solve rate on ``n_eval`` 30-35-clue unique puzzles is measured and ``model.pt`` is written
+    with the configs, training log and evaluation.
+
+    Raises:
+        FileNotFoundError: ``train=False`` and no trained model is cached.
+    """
+    dev = resolve_device(device)
+    d = sudoku_mdm_dir(model_cfg, train_cfg, root, curriculum, create=train)
+    final = d / "model.pt"
+    if final.exists():
+        model, rec = load_sudoku_mdm(final, dev)
+        return apply_precision(model, precision), rec
+    if not train:
+        raise FileNotFoundError(f"no trained Sudoku MDM at {final}; run `mimdm train` or pass train=True")
+    refuse_training(d, "Sudoku MDM")
+    torch.manual_seed(train_cfg.seed)
+    model = SudokuMDM(model_cfg).to(dev)
+    sample = sudoku_batch if curriculum is None else curriculum_batch(
+        load_or_build_pool(curriculum, d / "puzzle_pool.npz", progress), curriculum.fraction)
+    log = train_mdm(model, sample, train_cfg, d / "train_state.pt", progress=progress)
+    ev = solve_rate(model, n_eval)
+    atomic_save({
+        "kind": "sudoku_mdm", "state_dict": model.state_dict(),
+        "model_config": json.dumps(model_cfg.to_dict()), "train_config": json.dumps(train_cfg.to_dict()),
+        "log": json.dumps(log), "eval": json.dumps(ev),
+        "trained_on": json.dumps({"device": str(dev), "torch": torch.__version__, "data": sd.GENERATOR_ID,
+                                  "objective": OBJECTIVE_VERSION,
+                                  **({} if curriculum is None else {"curriculum": curriculum.to_dict()})}),
+    }, final)
+    (d / "train_state.pt").unlink(missing_ok=True)
+    model, rec = load_sudoku_mdm(final, dev)
+    return apply_precision(model, precision), rec
+
+
+def profile_sudoku_mdm(profile, device="cpu", progress: bool = True, train: bool = True,
+                       precision: str = "auto") -> tuple[SudokuMDM, dict]:
+    """`load_or_train_sudoku_mdm` with a `mimdm.app.profiles.Profile`'s settings: ``sudoku_model``, ``sudoku_train``,
+    ``sudoku_curriculum`` and ``solve_eval_puzzles`` (the one way chapters, CLI and benchmarks get the profile's
+    Sudoku MDM)."""
+    return load_or_train_sudoku_mdm(profile.sudoku_model, profile.sudoku_train, device=device,
+                                    n_eval=profile.solve_eval_puzzles, progress=progress, train=train,
+                                    precision=precision, curriculum=profile.sudoku_curriculum)

@@ -1,0 +1,1 @@
+"""Decoding: the loop and the unmasking rules (sequential, top-k, threshold, EB-sampler, MI-guided)."""
