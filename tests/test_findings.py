@@ -55,7 +55,7 @@ def test_findings_table_of_the_committed_record():
     mi = next(r for r in spd["held_out"] if r["rule"] == "MI-guided")
     assert f"({mi['nfe_reduction']:.2f}× fewer)" in rows[2]["study"]
     text = fd.findings_markdown(results)
-    assert text.count("\n| ") == 9 and "{doc}`05_speedup_analysis`" in text and "profile `cpu`" in text
+    assert text.count("\n| ") == 9 and "{doc}`chapter 5 <05_speedup_analysis>`" in text and "profile `cpu`" in text
 
 
 def test_findings_of_an_empty_record_are_not_tested(tmp_path):

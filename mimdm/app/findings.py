@@ -165,7 +165,8 @@ def findings_markdown(results_dir: str | Path) -> str:
     rows = findings_rows(results_dir)
     out = ["| claim | paper | this study | verdict |", "| --- | --- | --- | --- |"]
     for r in rows:
-        out.append(f"| {r['claim']} ({{doc}}`{r['chapter']}`) | {r['paper']} | {r['study']} | **{r['verdict']}** |")
+        out.append(f"| {r['claim']} ({{doc}}`chapter {int(r['chapter'][:2])} <{r['chapter']}>`) | {r['paper']} | "
+                   f"{r['study']} | **{r['verdict']}** |")
     recs = [r for r in (_load(results_dir, p.stem) for p in sorted(Path(results_dir).glob("*.json"))) if r]
     profiles = sorted({r["profile"] for r in recs})
     commits = sorted({(r.get("commit") or "unknown")[:10] for r in recs})
