@@ -368,3 +368,27 @@ def test_chapter_findings_are_those_of_their_committed_results():
     res = _committed_results("likelihood")
     assert lk.findings_markdown(res["values"], res["config"]["likelihood_draws"]) == \
         _committed_findings("06_likelihood.ipynb", "**Coupled ratios.**")
+
+
+def test_sweep_figures_draw_each_rule_in_its_colour_with_its_frontier():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mimdm.experiments.plotting import RULE_COLORS, plot_nfe_sweep, plot_pareto_sweep
+
+    rows = [{"rule": "sequential", "nfe": 50.0, "solve_rate": 0.9},
+            {"rule": "MI-guided", "nfe": 10.0, "solve_rate": 0.7}, {"rule": "MI-guided", "nfe": 20.0, "solve_rate": 0.6},
+            {"rule": "MI-guided", "nfe": 30.0, "solve_rate": 0.85}]
+    fig, ax = plt.subplots()
+    plot_pareto_sweep(rows, "solve_rate", ax)
+    lines = {ln.get_label(): ln for ln in ax.lines if not ln.get_label().startswith("_")}
+    assert set(lines) == {"sequential", "MI-guided"}
+    assert lines["MI-guided"].get_color() == RULE_COLORS["MI-guided"]
+    assert list(lines["MI-guided"].get_xdata()) == [10.0, 30.0]  # (20, 0.6) is dominated: not on the frontier
+    assert ax.get_ylabel() == "puzzles solved (fraction)"
+    fig2, ax2 = plt.subplots()
+    plot_nfe_sweep(rows, "solve_rate", ax2)
+    assert ax2.get_xscale() == "log" and [ln.get_color() for ln in ax2.lines] == ["black", RULE_COLORS["MI-guided"]]
+    plt.close("all")

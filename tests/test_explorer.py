@@ -143,8 +143,12 @@ def test_build_explorer_stacks_links_and_core_widgets_only(tiny_views):
                     else:
                         assert "is a given here" in child.value
     assert n_view_children == len(ui.view_widgets) == v.n_views  # one stack child per view
-    # the initial cell is masked everywhere, so every context opens on a view
-    assert (9 * row.index + col.index) == v.common_cell()
+    # it opens on the view of puzzle 1 whose probed MI row carries the most MI, of cells masked at every level
+    k0, cell0 = v.opening_view()
+    assert (9 * row.index + col.index, level.index) == (cell0, k0) and all(ls.selected_index == k0 for ls in ps.children)
+    assert v.masked[0, :, cell0].all()
+    best = max((v.gt[0, k, c].sum(), k, c) for k in range(2) for c in range(81) if v.masked[0, :, c].all())
+    assert (best[1], best[2]) == (k0, cell0) and best[0] > 0
     # every stack is driven by a browser-side link from one control's index
     links = ui.links
     assert len(links) == 1 + 2 + 2 * 2 + 2 * 2 * 9

@@ -202,6 +202,17 @@ class SudokuViews:
         return int(self.order[0, 0])
 
 
+    def opening_view(self) -> tuple[int, int]:
+        """``(level index, cell)`` the explorer opens on: of puzzle 0's cells masked at every level (all masked cells
+        if none is), the (level, cell) whose probed MI row carries the most MI (nats), so the first view shows
+        dependence rather than an empty map."""
+        allm = self.masked[0].all(axis=0)
+        cand = np.nonzero(allm)[0] if allm.any() else np.nonzero(self.masked[0].any(axis=0))[0]
+        tot = self.gt[0][:, cand, :].sum(-1) * self.masked[0][:, cand]  # [R, n] row sums where masked
+        k, j = np.unravel_index(int(np.argmax(tot)), tot.shape)
+        return int(k), int(cand[j])
+
+
 def sudoku_views(model: MaskedModel, head: MIHead, layer: int, contexts: dict,
                  batch_tokens: int = 81 * 512) -> SudokuViews:
     """Probe and predict the MI of every context of `sudoku_contexts` (exact probing, no pruning).
@@ -276,10 +287,10 @@ def build_explorer(views: SudokuViews):
     def html(value: str):
         return w.HTML(value, layout=lay, style=sty)
 
-    cell0 = views.common_cell()
+    k0, cell0 = views.opening_view()
     r0, c0 = divmod(cell0, 9)
     puzzle = w.Dropdown(options=[f"puzzle {p + 1}" for p in range(P)], index=0, description="puzzle")
-    level = w.SelectionSlider(options=[f"{r:.0%}" for r in views.rates], index=0, description="masked")
+    level = w.SelectionSlider(options=[f"{r:.0%}" for r in views.rates], index=k0, description="masked")
     row = w.SelectionSlider(options=[str(i) for i in range(1, 10)], index=r0, description="row")
     col = w.SelectionSlider(options=[str(i) for i in range(1, 10)], index=c0, description="column")
     links, view_widgets, per_puzzle = [], {}, []
@@ -303,7 +314,7 @@ def build_explorer(views: SudokuViews):
             rs = w.Stack(rows, selected_index=r0, layout=box_lay)
             links.append(w.jslink((row, "index"), (rs, "selected_index")))
             per_level.append(rs)
-        ls = w.Stack(per_level, selected_index=0, layout=box_lay)
+        ls = w.Stack(per_level, selected_index=k0, layout=box_lay)
         links.append(w.jslink((level, "index"), (ls, "selected_index")))
         per_puzzle.append(ls)
     ps = w.Stack(per_puzzle, selected_index=0, layout=box_lay)
@@ -321,13 +332,11 @@ def build_explorer(views: SudokuViews):
 def static_figure(views: SudokuViews, p: int = 0, cell: int | None = None):
     """Matplotlib stand-in for the explorer: probed (top) and predicted (bottom) row of ``cell`` at every level.
 
-    ``cell`` defaults to `SudokuViews.common_cell` (masked at every level of every puzzle when
-    one exists). Returns the figure (2 × R panels, colour scale per level as in the explorer).
+    ``cell`` defaults to the cell of `SudokuViews.opening_view`. Returns the figure (2 × R panels, colour scale per level as in the explorer).
     """
     import matplotlib.pyplot as plt
 
-
-    cell = views.common_cell() if cell is None else int(cell)
+    cell = views.opening_view()[1] if cell is None else int(cell)
     R = len(views.rates)
     fig, axes = plt.subplots(2, R, figsize=(3.6 * R, 6.4), squeeze=False)
     for k in range(R):

@@ -48,13 +48,28 @@ def plot_cell_mi_grid(mi_row_81, grid_81, cell: int, ax=None, title: str = "", v
     return ax
 
 
+#: One colour per decoding rule, the same in every chapter's figures.
+RULE_COLORS = {"sequential": "black", "top-k": "#1f77b4", "threshold": "#ff7f0e", "EB-sampler": "#2ca02c",
+               "entropy cap": "#9467bd", "MI-guided": "#d62728", "MI-oracle": "#8c564b"}
+#: Axis labels, with units, of the metrics the sweeps report.
+METRIC_LABELS = {"solve_rate": "puzzles solved (fraction)", "valid_rate": "valid grids (fraction)",
+                 "nll": "NLL (nats per grid)", "bit_score": "HMM bit score (bits)",
+                 "recovery": "recovery of masked positions (fraction)", "nfe": "mean NFE (forward passes)"}
+
+
+def rule_color(name: str) -> str:
+    """The colour of a rule in every figure (`RULE_COLORS`; grey for a rule not listed)."""
+    return RULE_COLORS.get(name, "gray")
+
+
 def plot_pareto_sweep(rows, metric: str, ax=None, title: str = "", higher_is_better: bool = True):
     """A decoding sweep (rows of `mimdm.experiments.speedup.sweep`, a DataFrame or list of dicts): every setting of a
-    rule as a faint point at (mean NFE, ``metric``), each rule's Pareto frontier as a line, sequential as a star."""
+    rule as a faint point at (mean NFE, ``metric``), each rule's Pareto frontier as a line, sequential as a star;
+    colours from `RULE_COLORS`, the y label from `METRIC_LABELS`."""
     ax = ax or plt.gca()
     df = pd.DataFrame(rows)
-    for i, (name, g) in enumerate(df.groupby("rule", sort=False)):
-        col = f"C{i}"
+    for name, g in df.groupby("rule", sort=False):
+        col = rule_color(name)
         if name == "sequential":
             ax.plot(g.nfe, g[metric], "*", c=col, ms=10, label=name)
             continue
@@ -63,8 +78,8 @@ def plot_pareto_sweep(rows, metric: str, ax=None, title: str = "", higher_is_bet
         if len(f):
             ax.plot(f.nfe, f[metric], "o-", c=col, ms=4, label=name)
     ax.set_xlabel("mean NFE (forward passes) per grid")
-    ax.set_ylabel(metric)
-    ax.set_title(title)
+    ax.set_ylabel(METRIC_LABELS.get(metric, metric))
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
     return ax
 
@@ -73,10 +88,11 @@ def plot_nfe_sweep(rows, metric: str, ax=None, title: str = "", ylabel: str = ""
     """A decoding sweep as one line per rule against mean NFE on a log scale (sequential as a star)."""
     ax = ax or plt.gca()
     for name, g in pd.DataFrame(rows).groupby("rule", sort=False):
-        ax.plot(g.nfe, g[metric], "*" if name == "sequential" else "o-", ms=9 if name == "sequential" else 4, label=name)
+        ax.plot(g.nfe, g[metric], "*" if name == "sequential" else "o-", ms=9 if name == "sequential" else 4, label=name,
+                c=rule_color(name))
     ax.set_xscale("log")
     ax.set_xlabel("mean NFE per sequence (log scale)")
-    ax.set_ylabel(ylabel or metric)
+    ax.set_ylabel(ylabel or METRIC_LABELS.get(metric, metric))
     ax.set_title(title, fontsize=10)
     return ax
 
