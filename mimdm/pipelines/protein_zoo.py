@@ -24,6 +24,7 @@ from mimdm.core.device import apply_precision, resolve_device
 from mimdm.core.shipped import refuse_training
 from mimdm.data import protein as pr
 from mimdm.models.esmc import ESMCMDM
+from mimdm.models.hf_mlm import load_hf_masked_lm
 from mimdm.models.potts import held_out_ce, load_potts, potts_dir, save_potts, train_potts_mdm
 from mimdm.models.training import OBJECTIVE_VERSION, TrainConfig, train_mdm
 
@@ -367,18 +368,24 @@ def load_or_train_protein_mdm(model_cfg: ProteinMDMConfig, train_cfg: TrainConfi
 
 def load_protein_model(model: str, model_cfg: ProteinMDMConfig, train_cfg: TrainConfig, family: FamilyData,
                        device="cpu", progress: bool = True, precision: str = "auto") -> tuple[ESMCMDM, dict]:
-    """The chapter's ``model`` parameter: ``"offline"`` (trained here), ``"esmc_300m"`` or a local weights path.
+    """The chapter's ``model`` parameter: ``"offline"`` (trained here), ``"esmc_300m"``, a local ESM-C weights path,
+    or ``"hf:<model id or folder>"``: any Hugging Face masked LM from the local cache or a ``save_pretrained`` folder
+    (`mimdm.models.hf_mlm.load_hf_masked_lm`, e.g. ``hf:facebook/esm2_t33_650M_UR50D``).
 
     The model computes forward passes in ``precision`` (`mimdm.core.device.apply_precision`; ``"auto"``:
     bf16 autocast on a CUDA device that supports it, else fp32); training runs in fp32.
 
     Raises:
-        FileNotFoundError: ESM-C weights not found (the message says where it looked and how to provide them).
+        FileNotFoundError: ESM-C or Hugging Face weights not found (the message says where it looked and how to
+            provide them).
     """
     if model == "offline":
         m, rec = load_or_train_protein_mdm(model_cfg, train_cfg, family, device, progress)
         return apply_precision(m, precision), rec
-    m = apply_precision(ESMCMDM.load(model, device=device), precision)
+    if model.startswith("hf:"):
+        m = apply_precision(load_hf_masked_lm(model[3:], device=device), precision)
+    else:
+        m = apply_precision(ESMCMDM.load(model, device=device), precision)
     return m, {"path": str(model), "n_parameters": sum(p.numel() for p in m.parameters()), "eval": {
         "val_ce": masked_ce(m, family.part("val")), "uniform_ce": float(np.log(20))}}
 
