@@ -2,15 +2,20 @@
 import json
 import re
 
+from pathlib import Path
+
 import nbformat
+import numpy as np
 import pytest
 import yaml
 
 from mimdm.app.book import CHAPTERS, copy_book_sources, run_book
 from mimdm.app.profiles import get_profile
-from mimdm.core.artifacts import REPO_ROOT
+from mimdm.core.artifacts import REPO_ROOT, module_sha256
+from mimdm.data import sudoku as sd
 from mimdm.experiments.protein import HEADLINE_KEYS
 from mimdm.experiments.speedup import HEADLINE_KEYS as SPEEDUP_KEYS
+from mimdm.pipelines.zoo import load_sudoku_mdm, profile_sudoku_mdm
 
 
 def test_toc_lists_every_chapter_notebook():
@@ -51,7 +56,13 @@ def test_committed_chapters_are_executed_with_results_from_a_full_run():
 def test_smoke_book_runs_and_builds(tmp_path):
     root = copy_book_sources(tmp_path / "book_copy")
     record = {p.name: p.read_bytes() for p in (root / "book" / "results").glob("*.json")}
-    index = run_book("smoke", "cpu", root=root, progress=False)
+    # chapter 5 runs on a reader's puzzle file and a model given by its checkpoint path
+    smoke = get_profile("smoke")
+    _, mrec = profile_sudoku_mdm(smoke, progress=False)
+    own = sd.make_puzzles(5, (30, 32), np.random.default_rng(7))
+    puzzle_file = sd.write_puzzles(own, tmp_path / "my_puzzles.csv")
+    ch5 = {"book/05_speedup_analysis.ipynb": {"puzzle_file": str(puzzle_file), "model_path": mrec["path"]}}
+    index = run_book("smoke", "cpu", root=root, progress=False, chapter_parameters=ch5)
     assert index.is_file()
     # a smoke run writes its own results/smoke/ and leaves the book's record as it was
     assert {p.name: p.read_bytes() for p in (root / "book" / "results").glob("*.json")} == record
@@ -62,7 +73,9 @@ def test_smoke_book_runs_and_builds(tmp_path):
     assert v["oracle"]["max_abs_error"] < 1e-6
     assert len(v["levels"]) == 5 and all(0 <= lv["auroc"] <= 1 for lv in v["levels"])
     assert v["levels"][-1]["contexts"] == "unique puzzles"
+    spd_name = f"speedup_my_puzzles_{Path(mrec['path']).parent.name}"
     for stem in RESULTS.values():
+        stem = spd_name if stem == "speedup" else stem
         assert json.loads((results / f"{stem}.json").read_text())["profile"] == "smoke"
     lik = json.loads((results / "likelihood.json").read_text())["values"]
     assert lik["oracle"]["exhaustive_max_error"] < 1e-9
@@ -74,17 +87,17 @@ def test_smoke_book_runs_and_builds(tmp_path):
                                                                      "MI-guided", "entropy cap"}
     assert {r["rule"] for r in prot["decoding"]["oracle_generation"]} == {"sequential", "MI-oracle"}
     assert set(prot["headline"]) == set(HEADLINE_KEYS) and prot["headline"]["head_test_contexts"] >= 1
-    smoke = get_profile("smoke")
     assert set(v["headline"]) == {"solve_rate_30_35", "solve_rate_hard"}
     assert v["hard_set"]["n"] == smoke.hard_puzzles and 0 <= v["headline"]["solve_rate_hard"] <= 1
     est = json.loads((results / "estimator_accuracy.json").read_text())["values"]
     assert set(est["headline"]) == {"head_pearson", "head_over_forward"} and est["headline"]["head_over_forward"] > 0
-    spd = json.loads((results / "speedup.json").read_text())["values"]
-    assert tuple(spd["headline"]) == SPEEDUP_KEYS and spd["headline"]["n_hard"] == smoke.hard_puzzles
-    assert (spd["dev_set"]["n"], spd["hard_set"]["n"]) == (smoke.dev_puzzles, smoke.hard_puzzles)
-    assert spd["held_out"][0]["rule"] == "sequential" and spd["held_out"][0]["n"] == smoke.hard_puzzles
-    # chapter 1 and chapter 5 decode the same held-out puzzles sequentially
-    assert v["headline"]["solve_rate_hard"] == spd["headline"]["sequential_hard_solve_rate"]
+    spd = json.loads((results / f"{spd_name}.json").read_text())
+    assert spd["models"]["sudoku_mdm"] == module_sha256(load_sudoku_mdm(mrec["path"])[0])
+    spd = spd["values"]
+    assert tuple(spd["headline"]) == SPEEDUP_KEYS and spd["headline"]["n_hard"] == len(own)
+    assert (spd["dev_set"]["n"], spd["hard_set"]["n"]) == (smoke.dev_puzzles, len(own))
+    assert spd["held_out"][0]["rule"] == "sequential" and spd["held_out"][0]["n"] == len(own)
+    assert not (results / "speedup.json").exists()  # a run on another set never writes the study's file
     for ch in CHAPTERS:
         nb = nbformat.read(root / ch, 4)
         errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]

@@ -423,3 +423,42 @@ def test_random_partial():
     assert abs(hits.mean() - 300) < 1e-9 and hits.min() > 220 and hits.max() < 380
     with pytest.raises(SudokuError, match="0..81"):
         S.random_partial(sol, 82, rng)
+
+
+PUZ = "53..7....6..195....98....6.8...6...34..8.3..17...2...6.6....28....419..5....8..79"
+SOL = "534678912672195348198342567859761423426853791713924856961537284287419635345286179"
+
+
+def test_read_puzzles_plain_csv_and_the_rule_for_several_solutions(tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text(f"# my set\n{PUZ} 3.5\n\n{PUZ.replace('.', '0')},rated\n")
+    ps = S.read_puzzles(f)
+    assert len(ps) == 2 and S.format_grid(ps[0].solution) == SOL and ps[0].n_clues == 30
+    assert ps[0].difficulty == S.solve_stats(S.parse_grid(PUZ))[1]
+    c = tmp_path / "p.csv"
+    c.write_text(f"puzzle,solution,rating\n{PUZ},{SOL},1\n")
+    assert S.format_grid(S.read_puzzles(c)[0].puzzle) == PUZ
+    several = "." * 81
+    f.write_text(f"{several}\n{PUZ}\n")
+    with pytest.warns(UserWarning, match=r"left out 1 puzzle\(s\) with several solutions \(lines 1\)"):
+        assert len(S.read_puzzles(f)) == 1
+    back = S.write_puzzles(ps, tmp_path / "w.csv")
+    assert [S.format_grid(p.puzzle) for p in S.read_puzzles(back)] == [PUZ, PUZ]
+
+
+def test_read_puzzles_names_the_bad_line(tmp_path):
+    cases = {
+        "short": (f"{PUZ}\n{PUZ[:-1]}\n", "short line 2: grid has 80 characters"),
+        "char": (f"{PUZ[:5]}x{PUZ[6:]}\n", "char line 1: bad character 'x' at position 5"),
+        "rule": ("55" + PUZ[2:] + "\n", "rule line 1: givens break a rule: digit 5 appears twice in row 1"),
+        "unsolvable": ("12345678." + "........9" + "." * 63 + "\n", "unsolvable line 1: the puzzle has no solution"),
+        "empty": ("# nothing\n\n", "empty: no puzzle with a unique solution"),
+        "csv": (f"puzzle,solution,rating\n{PUZ},{SOL},1\n{PUZ},{SOL}\n", "csv line 3: 2 columns, the header names 3"),
+        "wrongsol": (f"puzzle,solution\n{PUZ},{SOL[:-2] + SOL[-1] + SOL[-2]}\n", "wrongsol line 2: solution column"),
+    }
+    for name, (text, msg) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(S.SudokuError, match=msg):
+            S.read_puzzles(tmp_path / name)
+    with pytest.raises(FileNotFoundError, match="puzzle file not found"):
+        S.read_puzzles(tmp_path / "nope")

@@ -52,7 +52,7 @@ def prepare_artifacts(profile: str, device: str = "cpu", progress: bool = True) 
 
 
 def execute_chapters(root: Path, profile: str, device: str = "cpu", chapters: list[str] | None = None,
-                     progress: bool = True) -> list[Path]:
+                     progress: bool = True, chapter_parameters: dict[str, dict] | None = None) -> list[Path]:
     """Execute chapter notebooks in place with papermill (parameters ``profile``, ``device`` and ``record=True``: the
     chapters write the book's record, `mimdm.core.results.write_results`), then hide papermill's injected-parameters
     cell from the rendered page (`hide_injected_parameters`).
@@ -71,7 +71,8 @@ def execute_chapters(root: Path, profile: str, device: str = "cpu", chapters: li
             raise FileNotFoundError(f"chapter notebook not found: {nb}")
         t0 = time.perf_counter()
         print(f"[mimdm] executing {ch} (profile={profile}, device={device})", flush=True)
-        pm.execute_notebook(str(nb), str(nb), parameters={"profile": profile, "device": device, "record": True},
+        params = {"profile": profile, "device": device, "record": True, **(chapter_parameters or {}).get(ch, {})}
+        pm.execute_notebook(str(nb), str(nb), parameters=params,
                             cwd=str(nb.parent), kernel_name="python3", progress_bar=progress)
         hide_injected_parameters(nb)
         print(f"[mimdm] {ch} done in {time.perf_counter() - t0:.0f} s", flush=True)
@@ -149,12 +150,14 @@ def use_shipped(profile: str, retrain: bool = False) -> list[Path]:
 
 
 def run_book(profile: str = "cpu", device: str = "cpu", root: Path = REPO_ROOT, chapters: list[str] | None = None,
-             execute: bool = True, build: bool = True, progress: bool = True, retrain: bool = False) -> Path | None:
+             execute: bool = True, build: bool = True, progress: bool = True, retrain: bool = False,
+             chapter_parameters: dict[str, dict] | None = None) -> Path | None:
     """The main job: prepare artifacts, execute chapters, build HTML. Returns the index path if built.
 
     Uses the profile's shipped checkpoints unless ``retrain`` (`use_shipped`). A full run (every chapter executed)
     writes ``book/results/book_run.json``: seconds of the preparation and of each chapter, ``total_minutes``,
-    whether it retrained and which shipped checkpoints it used.
+    whether it retrained and which shipped checkpoints it used. ``chapter_parameters`` maps a chapter (path as in
+    `CHAPTERS`) to more papermill parameters (e.g. chapter 5's ``puzzle_file`` and ``model_path``).
     """
 
     resolve_device(device)  # fail early on a wrong device
@@ -167,7 +170,7 @@ def run_book(profile: str = "cpu", device: str = "cpu", root: Path = REPO_ROOT, 
         seconds = {}
         for ch in chapters or CHAPTERS:
             t1 = time.perf_counter()
-            execute_chapters(root, profile, device, [ch], progress)
+            execute_chapters(root, profile, device, [ch], progress, chapter_parameters)
             seconds[ch] = round(time.perf_counter() - t1, 1)
         if chapters is None:
             write_results("book_run", {"prepare_seconds": round(t_prep, 1), "chapter_seconds": seconds,

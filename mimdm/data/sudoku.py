@@ -26,6 +26,7 @@ Only numpy is needed.
 from __future__ import annotations
 
 import random as _random
+from pathlib import Path
 from dataclasses import dataclass
 
 import numpy as np
@@ -752,3 +753,86 @@ def random_partial(solution, n_clues: int, rng) -> np.ndarray:
     out = np.zeros(N_CELLS, dtype=np.int8)
     out[keep] = s[keep]
     return out
+
+
+def read_puzzles(path: str | Path) -> list[Puzzle]:
+    """Read a puzzle file: one puzzle per line, for decoding studies on a set of the reader's own.
+
+    Formats: an 81-character grid per line (``1``-``9``, ``.`` or ``0`` blanks), optionally followed by other
+    whitespace- or comma-separated fields (a rating, a name), which are ignored; ``#`` starts a comment; blank lines
+    are skipped. Or the common CSV layout with a header naming the columns ``puzzle`` and ``solution`` (and
+    optionally others, e.g. ``rating``): the solution must complete the puzzle.
+
+    Rule for puzzles without one answer: a puzzle with no solution is an error; puzzles with several solutions are
+    left out with a `UserWarning` naming their lines (a solve rate needs one right answer). Every kept puzzle carries
+    its unique solution and its solver difficulty (`solve_stats`).
+
+    Returns:
+        the puzzles in file order.
+
+    Raises:
+        FileNotFoundError: no such file.
+        SudokuError: a line that is not a puzzle (too short or long, a bad character, givens that break a rule), a
+            puzzle with no solution, a CSV row with a missing column or a solution that does not complete its
+            puzzle, or no puzzle at all; each message names the file and line.
+    """
+    import warnings
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"puzzle file not found: {path}")
+    lines = path.read_text().splitlines()
+    body = [(n, line.split("#", 1)[0].strip()) for n, line in enumerate(lines, 1)]
+    body = [(n, t) for n, t in body if t]
+    header = [c.strip().lower() for c in body[0][1].split(",")] if body else []
+    csv = "puzzle" in header and "solution" in header
+    if csv:
+        body = body[1:]
+    out, several = [], []
+    for n, text in body:
+        where = f"{path.name} line {n}"
+        if csv:
+            cols = [c.strip() for c in text.split(",")]
+            if len(cols) < len(header):
+                raise SudokuError(f"{where}: {len(cols)} columns, the header names {len(header)} "
+                                  f"({', '.join(header)})")
+            puzzle_text, solution_text = cols[header.index("puzzle")], cols[header.index("solution")]
+        else:
+            puzzle_text, solution_text = text.replace(",", " ").split()[0], None
+        try:
+            grid = parse_grid(puzzle_text)
+        except SudokuError as e:
+            raise SudokuError(f"{where}: {e}") from None
+        count = count_solutions(grid, limit=2)
+        if count == 0:
+            raise SudokuError(f"{where}: the puzzle has no solution (its givens break no rule, but no grid completes "
+                              "them)")
+        if count > 1:
+            several.append(n)
+            continue
+        solution, difficulty = solve_stats(grid)
+        if solution_text is not None:
+            try:
+                given = parse_grid(solution_text)
+            except SudokuError as e:
+                raise SudokuError(f"{where}: solution column: {e}") from None
+            if not np.array_equal(given, solution):
+                raise SudokuError(f"{where}: the solution column does not complete the puzzle")
+        grid.flags.writeable = solution.flags.writeable = False
+        out.append(Puzzle(grid, solution, int((grid > 0).sum()), difficulty))
+    if several:
+        warnings.warn(f"{path.name}: left out {len(several)} puzzle(s) with several solutions (lines "
+                      f"{', '.join(map(str, several[:10]))}{' ...' if len(several) > 10 else ''})", UserWarning,
+                      stacklevel=2)
+    if not out:
+        raise SudokuError(f"{path.name}: no puzzle with a unique solution in the file")
+    return out
+
+
+def write_puzzles(puzzles: list[Puzzle], path: str | Path) -> Path:
+    """Write puzzles in the CSV layout `read_puzzles` reads (``puzzle,solution,clues,difficulty``)."""
+    path = Path(path)
+    rows = ["puzzle,solution,clues,difficulty"] + [f"{format_grid(p.puzzle)},{format_grid(p.solution)},{p.n_clues},"
+                                                   f"{p.difficulty}" for p in puzzles]
+    path.write_text("\n".join(rows) + "\n")
+    return path

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -76,8 +77,13 @@ def generation_contexts(n: int, max_clues: int, rng) -> np.ndarray:
     return np.stack([sd.random_partial(s, int(rng.integers(0, max_clues + 1)), rng) for s in sols])
 
 
-def chapter_sets(profile, seed: int = 0, root=None) -> tuple[list[sd.Puzzle], list[sd.Puzzle], np.ndarray]:
+def chapter_sets(profile, seed: int = 0, root=None, puzzle_file: str | Path | None = None,
+                 ) -> tuple[list[sd.Puzzle], list[sd.Puzzle], np.ndarray]:
     """Chapter 5's evaluation sets for a profile and seed: development and held-out hard puzzles, generation contexts.
+
+    With ``puzzle_file`` (`mimdm.data.sudoku.read_puzzles`: a reader's own set) the held-out puzzles are the file's;
+    the development puzzles, on which the rules' settings are chosen, stay the profile's, so selection and report
+    stay on different puzzles.
 
     ``hard_puzzle_split(profile.dev_puzzles, profile.hard_puzzles, profile.hard_clues)`` then
     ``generation_contexts(profile.generation_contexts, profile.generation_max_clues)``, both from one generator
@@ -87,7 +93,13 @@ def chapter_sets(profile, seed: int = 0, root=None) -> tuple[list[sd.Puzzle], li
 
     Returns:
         ``(dev_puzzles, test_puzzles, generation_contexts [n, 81])``.
+
+    Raises:
+        FileNotFoundError, mimdm.data.sudoku.SudokuError: as `mimdm.data.sudoku.read_puzzles`.
     """
+    if puzzle_file is not None:
+        dev, _, gen = chapter_sets(profile, seed, root)
+        return dev, sd.read_puzzles(puzzle_file), gen
 
     key = {"n_dev": profile.dev_puzzles, "n_test": profile.hard_puzzles, "clues": list(profile.hard_clues),
            "seed": seed + 50, "oversample": 2, "generation": [profile.generation_contexts, profile.generation_max_clues],
@@ -746,3 +758,16 @@ def findings_markdown(values: dict, oracle_puzzles: int) -> str:
   {", ".join(f"({r['eps']:g}, {r['entropy_cap'] if _has_cap(r['entropy_cap']) else '∞'})" for r in gaps)}
   (McNemar {", ".join(_p_value(r['mcnemar_p']) for r in gaps)}; same puzzles).
 '''
+
+
+def results_name(chapter: str, puzzle_file: str | Path | None = None, model_path: str | Path | None = None) -> str:
+    """The results file stem of a chapter run: ``chapter`` for the study's own puzzles and model, else with the
+    puzzle file's stem and the model folder's name appended, so a run on another set or model never replaces the
+    study's results (as chapter 4 does for other families)."""
+    parts = [chapter]
+    if puzzle_file is not None:
+        parts.append(Path(puzzle_file).stem)
+    if model_path is not None:
+        parts.append(Path(model_path).parent.name or Path(model_path).stem)
+    return "_".join(parts)
+

@@ -172,3 +172,20 @@ def profile_sudoku_mdm(profile, device="cpu", progress: bool = True, train: bool
     return load_or_train_sudoku_mdm(profile.sudoku_model, profile.sudoku_train, device=device,
                                     n_eval=profile.solve_eval_puzzles, progress=progress, train=train,
                                     precision=precision, curriculum=profile.sudoku_curriculum)
+
+
+def chapter_sudoku_mdm(profile, device="cpu", model_path: str | Path | None = None, progress: bool = False,
+                       precision: str = "auto") -> tuple[SudokuMDM, dict]:
+    """The Sudoku MDM a chapter studies: the profile's (`profile_sudoku_mdm`; the shipped checkpoint under ``cpu``)
+    or, with ``model_path``, a trained Sudoku MDM checkpoint (a ``model.pt`` written by this package, e.g. a
+    reader's own training), loaded with ``weights_only=True``.
+
+    Raises:
+        FileNotFoundError: no file at ``model_path``.
+        ValueError: the file is not a Sudoku MDM checkpoint of this package (wrong kind, or unreadable).
+    """
+    if model_path is None:
+        return profile_sudoku_mdm(profile, device=device, progress=progress, precision=precision)
+    model, rec = load_sudoku_mdm(Path(model_path), resolve_device(device))
+    return apply_precision(model, precision), rec
+
