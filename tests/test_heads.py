@@ -241,7 +241,6 @@ def _dense_reference(head: MIHead, h, masked, ent):
 
     import torch.nn.functional as F
 
-    c = head.config
     out = []
     for b in range(h.shape[0]):
         L = h.shape[1]

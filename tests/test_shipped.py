@@ -240,8 +240,6 @@ def test_ship_sudoku_with_heads_ships_labels_and_heads_that_reproduce(roots, mon
     after = load_labels(labels_dir)
     assert all(torch.equal(before[k], after[k]) for k in before if isinstance(before[k], torch.Tensor))
     # the stored decodes of the shipped MDM ship as sudoku_evals; another model's entries stay behind
-    import numpy as np
-
     from mimdm.data import sudoku as sd
     from mimdm.evaluation.evalcache import EvalCache, cached_decode
     from mimdm.experiments.mi_head import prepare
