@@ -18,3 +18,25 @@ def tiny():
 
     torch.manual_seed(0)
     return SudokuMDM(SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)).eval()
+
+
+#: ESM-2's 33-token vocabulary, in its order (facebook/esm2_* vocab.txt).
+ESM2_TOKENS = ["<cls>", "<pad>", "<eos>", "<unk>", "L", "A", "G", "V", "S", "E", "R", "T", "I", "D", "P", "K", "Q", "N",
+               "F", "Y", "M", "H", "W", "C", "X", "B", "U", "Z", "O", ".", "-", "<null_1>", "<mask>"]
+
+
+@pytest.fixture(scope="session")
+def esm2_dir(tmp_path_factory):
+    """A tiny randomly initialised ESM-2 (EsmForMaskedLM, hidden 32, 2 layers; seed 0) saved with its tokenizer."""
+    from transformers import EsmConfig, EsmForMaskedLM, EsmTokenizer
+
+    d = tmp_path_factory.mktemp("esm2")
+    (d / "vocab.txt").write_text("\n".join(ESM2_TOKENS) + "\n")
+    tok = EsmTokenizer(str(d / "vocab.txt"))
+    torch.manual_seed(0)
+    cfg = EsmConfig(vocab_size=33, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                    max_position_embeddings=1026, position_embedding_type="rotary", pad_token_id=1, mask_token_id=32,
+                    token_dropout=False, emb_layer_norm_before=False)
+    EsmForMaskedLM(cfg).save_pretrained(d / "model")
+    tok.save_pretrained(d / "model")
+    return d / "model"

@@ -251,6 +251,142 @@ def test_probe_fit_head_and_mi_decoding(trained, capsys):
     assert code == 2 and "--entropy-cap must be >= 0" in err
 
 
+# ------------------------------------------------------------------------------------------ files, stdin, --model, JSON lines
+PUZZLE2 = "..9748...7.........2.1.9.....7...24..64.1.59..98...3.....8.3.2.........6...2759.."
+
+
+def _jsonl(argv, capsys):
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_decode_and_nll_read_files_and_stdin_and_print_json_lines(trained, capsys, tmp_path, monkeypatch):
+    import io
+
+    f = tmp_path / "set.txt"
+    f.write_text(f"# two puzzles\n{PUZZLE} rating 3\n\n{PUZZLE2.replace('.', '0')},7\n")
+    by_args = _decode_json(["--rule", "top-k", "--knob", "3", PUZZLE, PUZZLE2], capsys)
+    lines = _jsonl(["decode", "--profile", "smoke", "--rule", "top-k", "--knob", "3", "--file", str(f), "--jsonl"],
+                   capsys)
+    assert [r["grid"] for r in lines] == [r["grid"] for r in by_args["results"]]
+    assert [r["nfe"] for r in lines] == [r["nfe"] for r in by_args["results"]]
+    assert all(r["rule"] == "top-k" and r["knob"] == 3 and "batch_seconds" in r for r in lines)
+    monkeypatch.setattr("sys.stdin", io.StringIO(f.read_text()))
+    piped = _jsonl(["decode", "--profile", "smoke", "--rule", "top-k", "--knob", "3", "--file", "-", "--jsonl"], capsys)
+    assert [r["grid"] for r in piped] == [r["grid"] for r in lines]
+
+    grids = [sd.format_grid(g) for g in sd.random_solutions(2, np.random.default_rng(1))]
+    g = tmp_path / "grids.txt"
+    g.write_text("grid\n" + "\n".join(grids) + "\n")
+    one = _jsonl(["nll", "--profile", "smoke", "--samples", "4", "--file", str(g), "--jsonl"], capsys)
+    ref = json.loads(run(["nll", "--profile", "smoke", "--samples", "4", "--json", *grids], capsys)[1])["results"]
+    assert [r["nll_nats"] for r in one] == [r["nll_nats"] for r in ref] and [r["grid"] for r in one] == grids
+    assert all(r["samples"] == 4 for r in one)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "no puzzle with a unique solution"),
+    (PUZZLE[:80] + "\n", "line 1:"),
+    (f"# ok\n{PUZZLE}\n{PUZZLE[:40]}x{PUZZLE[41:]}\n", "line 3:"),
+    ("55" + PUZZLE[2:] + "\n", "line 1:"),
+    ("puzzle,solution\n" + PUZZLE + "\n", "line 2: 1 columns, the header names 2"),
+])
+def test_bad_puzzle_files_name_the_line(text, message, capsys, tmp_path):
+    f = tmp_path / "bad.txt"
+    f.write_text(text)
+    code, _, err = run(["decode", "--profile", "smoke", "--file", str(f)], capsys)
+    assert code == 2 and message in err and "bad.txt" in err and len(err.strip().splitlines()) == 1
+
+
+def test_input_and_model_options_are_checked(trained, capsys, tmp_path):
+    cases = [
+        (["decode", "--file", str(tmp_path / "none.txt")], "--file " + str(tmp_path / "none.txt") + ": no such file"),
+        (["decode", "--file", "x.txt", PUZZLE], "give exactly one input"),
+        (["decode", PUZZLE, "--json", "--jsonl"], "--json and --jsonl: choose one"),
+        (["decode", PUZZLE, "--head", "h.pt"], "--head goes with --model and --rule mi"),
+        (["nll"], "give exactly one input"),
+        (["probe", "--jsonl"], "--model and --jsonl go with an input"),
+        (["decode", PUZZLE, "--model", str(tmp_path / "none.pt")], "--model"),
+    ]
+    for argv, message in cases:
+        code, _, err = run([argv[0], "--profile", "smoke", *argv[1:]], capsys)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, (argv, err)
+
+
+def test_model_by_path_and_its_head(trained, capsys, tmp_path):
+    import shutil
+
+    from mimdm.heads.mi_head import HeadTrainConfig, MIHead, MIHeadConfig, save_head
+    from mimdm.pipelines.zoo import profile_sudoku_mdm
+
+    src = Path(profile_sudoku_mdm(PROFILES["smoke"], train=False, progress=False)[1]["path"])
+    mine = tmp_path / "mine.pt"
+    shutil.copy(src, mine)
+    a = _decode_json([PUZZLE2], capsys)["results"]
+    b = _decode_json(["--model", str(mine), PUZZLE2], capsys)
+    assert b["model_path"] == str(mine) and b["results"] == a
+    code, _, err = run(["decode", "--profile", "smoke", "--model", str(mine), "--rule", "mi", PUZZLE2], capsys)
+    assert code == 2 and "--rule mi with --model needs --head PATH" in err
+    save_head(MIHead(MIHeadConfig(7, max_len=81)), tmp_path / "head7.pt", HeadTrainConfig(), [])
+    code, _, err = run(["decode", "--profile", "smoke", "--model", str(mine), "--rule", "mi", "--head",
+                        str(tmp_path / "head7.pt"), PUZZLE2], capsys)
+    assert code == 2 and "hidden states of width 7" in err and "trained for another model" in err
+    code, _, err = run(["decode", "--profile", "smoke", "--model", str(tmp_path / "head7.pt"), PUZZLE2], capsys)
+    assert code == 2 and "not a Sudoku MDM checkpoint" in err
+    # a head of the right width is used (its MI decides the steps: a huge eps decodes in one step)
+    model, _ = commands._load_sudoku(PROFILES["smoke"], torch.device("cpu"))
+    save_head(MIHead(MIHeadConfig(model.hidden_dim, max_len=81)), tmp_path / "head.pt", HeadTrainConfig(), [])
+    res = _decode_json(["--model", str(mine), "--rule", "mi", "--knob", "1e9", "--head", str(tmp_path / "head.pt"),
+                        PUZZLE2], capsys)
+    assert res["results"][0]["nfe"] == 1 and res["head_passes_total"] == 1
+
+
+def test_probe_an_input_file_gives_the_exact_mi(trained, capsys, tmp_path):
+    from mimdm.pipelines.zoo import grids_to_tokens
+    from mimdm.probing.exact import probe_mi
+
+    solved = sd.solve(sd.parse_grid(PUZZLE2))
+    ctx = sd.parse_grid(PUZZLE2).copy()
+    ctx[ctx == 0] = solved[ctx == 0]
+    ctx.reshape(-1)[[0, 1, 40, 80]] = 0  # four blanks: 1 + 4 x 9 probing passes at most
+    f = tmp_path / "ctx.txt"
+    f.write_text(sd.format_grid(ctx) + "\n")
+    (row,) = _jsonl(["probe", "--profile", "smoke", "--file", str(f), "--jsonl"], capsys)
+    assert row["masked_positions"] == [0, 1, 40, 80] and row["input"] == sd.format_grid(ctx)
+    model, _ = commands._load_sudoku(PROFILES["smoke"], torch.device("cpu"))
+    ref = probe_mi(model, grids_to_tokens(ctx[None]))
+    idx = [0, 1, 40, 80]
+    assert np.allclose(row["mi_nats"], ref.mi[0][idx][:, idx].numpy(), atol=1e-12)
+    assert row["nfe"] == int(ref.nfe[0]) and row["entropy_nats"] == pytest.approx(ref.entropy[0, idx].tolist())
+    code, out, err = run(["probe", "--profile", "smoke", "--file", str(f), "--top", "2"], capsys)
+    assert code == 0 and "input 1/1: 4 masked" in out and out.count(": ") >= 3, err
+
+
+def test_protein_files_and_hugging_face_models_by_option(esm2_dir, capsys, tmp_path):
+    from mimdm.models.hf_mlm import load_hf_masked_lm
+    from mimdm.probing.exact import probe_mi
+
+    f = tmp_path / "seqs.fasta"
+    f.write_text(">one\nMKV_\nA_D\n>two\nAC__DE\n")
+    out = _jsonl(["decode", "--profile", "smoke", "--protein-file", str(f), "--model", f"hf:{esm2_dir}", "--jsonl"],
+                 capsys)
+    assert [r["input"] for r in out] == ["MKV_A_D", "AC__DE"] and [r["nfe"] for r in out] == [2, 2]
+    assert all(r["keeps_unmasked"] and "_" not in r["sequence"] for r in out)
+    (row, _) = _jsonl(["probe", "--profile", "smoke", "--protein-file", str(f), "--model", f"hf:{esm2_dir}",
+                       "--jsonl"], capsys)
+    m = load_hf_masked_lm(esm2_dir)
+    ref = probe_mi(m, m.encode("MKV_A_D"))
+    assert row["masked_positions"] == [3, 5] and row["nfe"] == 1 + 2 * 20
+    assert row["mi_nats"][0][1] == pytest.approx(ref.mi[0, 3, 5].item(), abs=1e-9)
+    f.write_text(">one\nMKV_\n>two\n")
+    code, _, err = run(["decode", "--profile", "smoke", "--protein-file", str(f), "--model", f"hf:{esm2_dir}"], capsys)
+    assert code == 2 and "seqs.fasta line 3: FASTA header with no sequence" in err
+    f.write_text("MKV_\nMKZ_\n")
+    code, _, err = run(["decode", "--profile", "smoke", "--protein-file", str(f), "--model", f"hf:{esm2_dir}"], capsys)
+    assert code == 2 and "seqs.fasta line 2:" in err and "'Z'" in err
+
+
 # ------------------------------------------------------------------------------------------ device check
 def _device_check_module():
     spec = importlib.util.spec_from_file_location("device_check", REPO_ROOT / "scripts" / "device_check.py")

@@ -8,31 +8,12 @@ from mimdm.models.hf_mlm import HFMaskedLM, load_hf_masked_lm
 from mimdm.probing.exact import probe_mi
 from mimdm.sampling.decoding import Sequential, decode
 
-#: ESM-2's 33-token vocabulary, in its order (facebook/esm2_* vocab.txt).
-ESM2_TOKENS = ["<cls>", "<pad>", "<eos>", "<unk>", "L", "A", "G", "V", "S", "E", "R", "T", "I", "D", "P", "K", "Q", "N",
-               "F", "Y", "M", "H", "W", "C", "X", "B", "U", "Z", "O", ".", "-", "<null_1>", "<mask>"]
-
-
-@pytest.fixture(scope="module")
-def esm2_dir(tmp_path_factory):
-    from transformers import EsmConfig, EsmForMaskedLM, EsmTokenizer
-
-    d = tmp_path_factory.mktemp("esm2")
-    (d / "vocab.txt").write_text("\n".join(ESM2_TOKENS) + "\n")
-    tok = EsmTokenizer(str(d / "vocab.txt"))
-    torch.manual_seed(0)
-    cfg = EsmConfig(vocab_size=33, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                    max_position_embeddings=1026, position_embedding_type="rotary", pad_token_id=1, mask_token_id=32,
-                    token_dropout=False, emb_layer_norm_before=False)
-    EsmForMaskedLM(cfg).save_pretrained(d / "model")
-    tok.save_pretrained(d / "model")
-    return d / "model"
-
 
 def test_esm2_adapter_restricts_to_amino_acids_and_adds_specials(esm2_dir):
     m = load_hf_masked_lm(esm2_dir)
     assert isinstance(m, HFMaskedLM) and m.n_values == 20 and m.mask_id == 32 and m.max_len == 1024
-    assert m.value_token_ids.tolist() == [ESM2_TOKENS.index(a) for a in AMINO_ACIDS]
+    esm2_tokens = (esm2_dir.parent / "vocab.txt").read_text().split("\n")  # ESM-2's 33 tokens, in order
+    assert m.value_token_ids.tolist() == [esm2_tokens.index(a) for a in AMINO_ACIDS]
     assert (m.prefix, m.suffix) == ([0], [2])
     x = m.encode(["MKV_A", "AC__D"])
     assert x[0, 3].item() == 32 and m.decode(x) == ["MKV_A", "AC__D"]

@@ -56,6 +56,22 @@ def _count(text: str) -> int:
 
 
 # ------------------------------------------------------------------------------------------ parser
+def _inputs(sp, what: str, proteins: bool = True) -> None:
+    """``--file``, ``--protein-file``, ``--model`` and ``--jsonl``: the same on decode, probe and nll."""
+    sp.add_argument("--file", metavar="PATH", help=f"read the {what} from a file, '-' for standard input: one 81-character "
+                    "grid per line ('.' or '0' blanks; '#' comments; fields after the grid ignored) or the CSV layout "
+                    "puzzle,solution[,...] (mimdm.data.sudoku.parse_puzzles)")
+    if proteins:
+        sp.add_argument("--protein-file", metavar="PATH",
+                        help="read protein sequences ('_' at masked positions) from a file, '-' for standard input: "
+                             "one per line or FASTA (mimdm.data.protein.parse_sequences)")
+    sp.add_argument("--model", metavar="MODEL",
+                    help="the model to use instead of the profile's: for Sudoku a Sudoku MDM checkpoint (.pt) written "
+                         "by this package" + ("; for proteins esmc_300m, an ESM-C weights path, a protein MDM "
+                                              "checkpoint (.pt) or hf:<model id or local folder>" if proteins else ""))
+    sp.add_argument("--jsonl", action="store_true", help="print one JSON object per input, one per line (JSON lines)")
+
+
 def _desc(*paragraphs: str) -> str:
     """Paragraphs wrapped to 88 columns (for `argparse.RawDescriptionHelpFormatter`)."""
     import textwrap
@@ -109,12 +125,19 @@ def build_parser() -> argparse.ArgumentParser:
                             "(mimdm.probing.exact.probe_mi: 1 + |masked| x V forward passes per context, V = 9 digits or "
                             "20 amino acids). Prints shards, contexts, probing NFE (forward passes) and seconds.",
                             "The label set is written in shards to its cache folder; a rerun skips finished shards, "
-                            "so an interrupted run resumes. Needs the trained MDM (`mimdm train`)."))
+                            "so an interrupted run resumes. Needs the trained MDM (`mimdm train`).",
+                            "With --file (puzzles) or --protein-file (sequences, '_' masked), probe those inputs "
+                            "instead: for each, the exact MI (nats) between its masked positions (0-based indices), "
+                            "their entropies and the probing NFE; --jsonl prints the whole matrix."),
+                        epilog="example:\n  mimdm probe --file puzzles.txt --jsonl > mi.jsonl")
     _common(pr)
     pr.add_argument("--what", choices=["sudoku", "protein"], default="sudoku", help="which model's labels (default: sudoku)")
     pr.add_argument("--max-new-shards", type=_count, default=None, metavar="N",
                     help="Sudoku: compute at most N new shards now (a later call continues)")
     pr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _inputs(pr, "puzzles to probe")
+    pr.add_argument("--top", type=_count, default=5, metavar="N",
+                    help="with an input file: the N pairs of highest MI printed per input in text output (default 5)")
     pr.set_defaults(func="cmd_probe")
 
     f = sub.add_parser("fit-head", formatter_class=fmt, help="train (or load) the MI head on the labels",
@@ -156,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=_seed, default=0, help="seed of the sampling, 0 to 2^63-1 (default 0)")
     d.add_argument("--pretty", action="store_true", help="print grids as 9 rows instead of one 81-character line")
     d.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    _inputs(d, "puzzles")
+    d.add_argument("--head", metavar="PATH",
+                   help="--rule mi with --model: the MI head checkpoint trained for that model (mimdm.heads.mi_head)")
     d.set_defaults(func="cmd_decode")
 
     n = sub.add_parser("nll", formatter_class=fmt, help="time-free I-MDCE NLL (nats) of complete Sudoku grids",
@@ -165,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "(mimdm.evaluation.likelihood.time_free_nll): K mask draws per grid, one forward pass each, so "
                            "NFE = K per grid. Prints the estimate +- its standard error (over the K draws)."))
     _common(n)
-    n.add_argument("grids", nargs="+", metavar="GRID", help="complete 81-digit Sudoku grid (digits 1-9, row by row)")
+    n.add_argument("grids", nargs="*", metavar="GRID", help="complete 81-digit Sudoku grid (digits 1-9, row by row)")
     n.add_argument("--samples", type=int, default=None, metavar="K",
                    help="mask draws per grid = NFE per grid (default: the profile's nll_draws)")
     n.add_argument("--sizes", choices=["harmonic", "uniform"], default="uniform",
@@ -174,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(m ~ 1/m, weight H_n) (default: uniform)")
     n.add_argument("--seed", type=_seed, default=0, help="seed of the mask draws, 0 to 2^63-1 (default 0)")
     n.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    _inputs(n, "complete grids", proteins=False)
     n.set_defaults(func="cmd_nll")
     return ap
 

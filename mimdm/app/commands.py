@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import warnings
 from pathlib import Path
 
@@ -16,11 +17,16 @@ from mimdm.core.artifacts import artifacts_root
 from mimdm.core.device import apply_precision, resolve_device
 from mimdm.core.keys import mi_head_dir, protein_label_dir
 from mimdm.data import sudoku as sd
-from mimdm.data.protein import validate_sequence
+from mimdm.data.protein import parse_sequences, validate_sequence
 from mimdm.evaluation.likelihood import time_free_nll
 from mimdm.experiments import mi_head, protein
 from mimdm.experiments.likelihood import reference_nll
-from mimdm.experiments.mi_head import head_config_for, load_or_build_labels, load_or_train_head, protein_head_config_for
+from mimdm.experiments.mi_head import (
+    head_config_for,
+    load_or_build_labels,
+    load_or_train_head,
+    protein_head_config_for,
+)
 from mimdm.experiments.protein import (
     aligned_positions,
     decode_grouped,
@@ -35,11 +41,27 @@ from mimdm.pipelines.protein_zoo import (
     load_family,
     load_or_select_potts,
     load_or_train_protein_mdm,
+    load_protein_backbone,
     load_protein_model,
     protein_mdm_dir,
 )
-from mimdm.pipelines.zoo import grids_to_tokens, profile_sudoku_mdm, sudoku_mdm_dir, tokens_to_grids
-from mimdm.sampling.decoding import EBSampler, MIGuided, Sequential, Threshold, TopK, decode, head_mi_fn
+from mimdm.pipelines.zoo import (
+    chapter_sudoku_mdm,
+    grids_to_tokens,
+    profile_sudoku_mdm,
+    sudoku_mdm_dir,
+    tokens_to_grids,
+)
+from mimdm.probing.exact import probe_mi
+from mimdm.sampling.decoding import (
+    EBSampler,
+    MIGuided,
+    Sequential,
+    Threshold,
+    TopK,
+    decode,
+    head_mi_fn,
+)
 
 
 class CLIError(Exception):
@@ -73,6 +95,94 @@ def _profile(name: str):
         return get_profile(name)
     except ValueError as e:
         raise CLIError(str(e)) from None
+
+
+# ------------------------------------------------------------------------------------------ inputs and models
+def _read_text(path: str, option: str) -> tuple[str, str]:
+    """``(text, name)`` of a file option; ``-`` reads standard input."""
+    if path == "-":
+        return sys.stdin.read(), "<stdin>"
+    f = Path(path)
+    if not f.is_file():
+        raise CLIError(f"{option} {path}: no such file")
+    return f.read_text(), f.name
+
+
+def _one_input(args, sources: dict) -> str:
+    """The name of the one input source given (``sources``: name -> given?); `CLIError` for none or several."""
+    given = [k for k, v in sources.items() if v]
+    if len(given) != 1:
+        raise CLIError(f"give exactly one input: {', '.join(sources)} (got {', '.join(given) or 'none'})")
+    if getattr(args, "json", False) and args.jsonl:
+        raise CLIError("--json and --jsonl: choose one")
+    return given[0]
+
+
+def _puzzles_from_file(path: str) -> np.ndarray:
+    """``[N, 9, 9]`` puzzles of a puzzle file (`mimdm.data.sudoku.parse_puzzles`); left-out puzzles are noted."""
+    text, name = _read_text(path, "--file")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        try:
+            puzzles = sd.parse_puzzles(text, name)
+        except sd.SudokuError as e:
+            raise CLIError(str(e)) from None
+    for w in caught:
+        _log(str(w.message))
+    return np.stack([q.puzzle for q in puzzles])
+
+
+def _grids_from_file(path: str) -> list[tuple[str, str]]:
+    """Grid strings of an ``nll --file``: the first field of each line (``#`` comments, blank lines skipped)."""
+    text, name = _read_text(path, "--file")
+    rows = [(n, line.split("#", 1)[0].replace(",", " ").split()) for n, line in enumerate(text.splitlines(), 1)]
+    rows = [(n, f[0]) for n, f in rows if f and f[0].lower() not in ("puzzle", "grid", "solution")]
+    if not rows:
+        raise CLIError(f"{name}: no grid in the file")
+    return [(f"{name} line {n}", g) for n, g in rows]
+
+
+def _sequences_from_file(path: str, allow_gaps: bool) -> list[str]:
+    text, name = _read_text(path, "--protein-file")
+    try:
+        return parse_sequences(text, name, allow_gaps=allow_gaps)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+
+
+def _sudoku_model(args, p, dev):
+    """The profile's Sudoku MDM, or the checkpoint of ``--model``."""
+    if args.model is None:
+        return _load_sudoku(p, dev)
+    try:
+        return chapter_sudoku_mdm(p, dev, model_path=args.model)
+    except FileNotFoundError as e:
+        raise CLIError(f"--model: {e}") from None
+    except ValueError as e:
+        raise CLIError(f"--model {args.model}: {e}") from None
+
+
+def _protein_backbone(args, dev):
+    """The protein model of ``--model`` (`mimdm.pipelines.protein_zoo.load_protein_backbone`)."""
+    try:
+        return load_protein_backbone(args.model, dev), {"path": args.model}
+    except ValueError as e:
+        raise CLIError(f"--model {args.model}: {e}") from None
+
+
+def _head_of_option(args, model, dev):
+    """``(head, layer)`` of ``--head`` for ``--rule mi`` with ``--model``; checks that it reads this model."""
+    if args.head is None:
+        raise CLIError("--rule mi with --model needs --head PATH: the MI head trained for that model (the profile's "
+                       "head reads the profile's model only)")
+    try:
+        head, rec = load_head(Path(args.head), dev)
+    except (FileNotFoundError, ValueError) as e:
+        raise CLIError(f"--head: {e}") from None
+    if head.config.d_in != model.hidden_dim:
+        raise CLIError(f"--head {args.head} reads hidden states of width {head.config.d_in}, the model's are "
+                       f"{model.hidden_dim}: it was trained for another model")
+    return head, int(rec["train_config"].get("layer", -1))
 
 
 def _load_sudoku(p, dev):
@@ -228,6 +338,11 @@ def cmd_probe(args) -> int:
     Raises:
         CLIError: ``--max-new-shards`` with the protein labels; a missing model (exit code 1).
     """
+    if args.file is not None or args.protein_file is not None:
+        return _probe_inputs(args)
+    if args.model is not None or args.jsonl:
+        raise CLIError("--model and --jsonl go with an input (--file or --protein-file): the MI labels are made for "
+                       "the profile's model")
     p, dev = _profile(args.profile), _device(args.device)
     progress = not args.no_progress
     if args.what == "sudoku":
@@ -246,6 +361,44 @@ def cmd_probe(args) -> int:
         d = _protein_labels(model, key, fam, p, progress)
         n = p.aligned_labels.n_shards if p.protein_backbone == "potts" else p.protein_labels.n_shards
         _log(f"protein MI labels: {_manifest_summary(d, n)} -> {d}")
+    return 0
+
+
+def _probe_inputs(args) -> int:
+    """`mimdm probe --file/--protein-file`: exact MI between the masked positions of each input, streamed."""
+    src = _one_input(args, {"--file": args.file is not None, "--protein-file": args.protein_file is not None})
+    if args.max_new_shards is not None:
+        raise CLIError("--max-new-shards applies to the label set, not to probing an input file")
+    p, dev = _profile(args.profile), _device(args.device)
+    if src == "--file":
+        grids = _puzzles_from_file(args.file)
+        model, rec = _sudoku_model(args, p, dev)
+        items = [(sd.format_grid(g), t) for g, t in zip(grids, grids_to_tokens(grids, dev))]
+    else:
+        aligned = p.protein_backbone == "potts" and args.model is None
+        seqs = _sequences_from_file(args.protein_file, allow_gaps=aligned)
+        if args.model is not None:
+            model, rec = _protein_backbone(args, dev)
+        else:
+            model, rec, _ = _load_protein(p, dev, _load_family(p))
+        items = list(zip(seqs, _encode_sequences(model, seqs, aligned)))
+    for i, (text, tok_L) in enumerate(items, 1):
+        res = probe_mi(model, tok_L.reshape(1, -1))
+        idx = res.masked[0].nonzero().flatten()
+        mi_MM = res.mi[0][idx][:, idx]
+        row = {"input": text, "masked_positions": idx.tolist(), "entropy_nats": res.entropy[0, idx].tolist(),
+               "mi_nats": mi_MM.tolist(), "nfe": int(res.nfe[0]), "seconds": res.seconds}
+        if args.jsonl:
+            print(json.dumps({"model_path": str(rec["path"]), **row}, allow_nan=False), flush=True)
+            continue
+        M = len(idx)
+        iu, ju = np.triu_indices(M, 1)
+        vals = mi_MM.numpy()[iu, ju]
+        top = np.argsort(-vals, kind="stable")[:args.top]
+        pairs = ", ".join(f"{int(idx[iu[k]])}-{int(idx[ju[k]])}: {vals[k]:.4f}" for k in top)
+        print(f"input {i}/{len(items)}: {M} masked, probing NFE {_n(row['nfe'], 'forward pass')}, {res.seconds:.2f} s; "
+              f"total MI over pairs {vals.sum():.4f} nats" + (f"; top pairs (0-based positions: nats) {pairs}" if pairs
+                                                              else ""), flush=True)
     return 0
 
 
@@ -350,12 +503,15 @@ def _sudoku_head(p, model, rec, dev):
 
 
 def _decode_sudoku(args) -> dict:
-    grids = _parse_puzzles(args.puzzles)
+    grids = _puzzles_from_file(args.file) if args.file is not None else _parse_puzzles(args.puzzles)
     knob, cap = _check_knob(args.rule, args.knob), _check_cap(args)
     p, dev = _profile(args.profile), _device(args.device)
-    model, rec = _load_sudoku(p, dev)
-    head = _sudoku_head(p, model, rec, dev) if args.rule == "mi" else None
-    rule = _make_rule(args.rule, knob, head, p.head_train.layer, cap)
+    model, rec = _sudoku_model(args, p, dev)
+    head, layer = None, p.head_train.layer
+    if args.rule == "mi":
+        head, layer = (_head_of_option(args, model, dev) if args.model is not None
+                       else (_sudoku_head(p, model, rec, dev), layer))
+    rule = _make_rule(args.rule, knob, head, layer, cap)
     out = decode(model, grids_to_tokens(grids, dev), rule, temperature=args.temperature, seed=args.seed)
     dec = tokens_to_grids(out.tokens)
     rows = []
@@ -373,16 +529,25 @@ def _decode_sudoku(args) -> dict:
 
 def _decode_protein(args) -> dict:
     p0 = _profile(args.profile)
-    for i, s in enumerate(args.protein, 1):
-        try:
-            # the Potts MDM reads aligned rows (gaps allowed; the length is checked once the model is loaded)
-            validate_sequence(s, allow_mask=True, allow_gaps=p0.protein_backbone == "potts")
-        except (TypeError, ValueError) as e:
-            raise CLIError(f"--protein sequence {i}: {e} (use the 20 upper-case amino-acid letters and '_' for a "
-                           "masked position)") from None
+    # the Potts MDM reads aligned rows (gaps allowed; the length is checked once the model is loaded)
+    gaps = p0.protein_backbone == "potts" and args.model is None
+    if args.protein_file is not None:
+        seqs = _sequences_from_file(args.protein_file, allow_gaps=gaps)
+    else:
+        seqs = args.protein
+        for i, s in enumerate(seqs, 1):
+            try:
+                validate_sequence(s, allow_mask=True, allow_gaps=gaps)
+            except (TypeError, ValueError) as e:
+                raise CLIError(f"--protein sequence {i}: {e} (use the 20 upper-case amino-acid letters and '_' for a "
+                               "masked position)") from None
     knob, cap = _check_knob(args.rule, args.knob), _check_cap(args)
     p, dev = _profile(args.profile), _device(args.device)
-    longest = max(map(len, args.protein))
+    if args.model is not None:
+        model, rec = _protein_backbone(args, dev)
+        head, layer = _head_of_option(args, model, dev) if args.rule == "mi" else (None, -1)
+        return _decode_sequences(args, model, rec, seqs, _make_rule(args.rule, knob, head, layer, cap), knob, gaps)
+    longest = max(map(len, seqs))
     if longest > p.protein_model.max_len:
         raise CLIError(f"a --protein sequence has {longest} residues, more than the model's maximum "
                        f"{p.protein_model.max_len}; nothing is truncated")
@@ -398,15 +563,23 @@ def _decode_protein(args) -> dict:
                            f"run `mimdm fit-head --profile {p.name} --what protein` first", code=1)
         head = load_head(path, dev)[0]
     rule = _make_rule(args.rule, knob, head, p.protein_head_train.layer, cap)
+    return _decode_sequences(args, model, rec, seqs, rule, knob, gaps)
+
+
+def _encode_sequences(model, seqs: list[str], aligned: bool) -> list:
     try:
-        toks = [model.encode(s)[0] for s in args.protein]
+        return [model.encode(s)[0] for s in seqs]
     except ValueError as e:
-        raise CLIError(f"--protein: {e}" + (f" (the Potts MDM reads aligned rows of {model.length} columns: the 20 "
-                                            "amino acids, '-' for a gap, '_' for a masked column)"
-                                            if p.protein_backbone == "potts" else "")) from None
+        raise CLIError(f"protein input: {e}" + (f" (the Potts MDM reads aligned rows of {model.length} columns: the 20 "
+                                                "amino acids, '-' for a gap, '_' for a masked column)"
+                                                if aligned else "")) from None
+
+
+def _decode_sequences(args, model, rec, seqs: list[str], rule, knob, aligned: bool) -> dict:
+    toks = _encode_sequences(model, seqs, aligned)
     out, nfe, extra, secs = decode_grouped(model, toks, rule, args.temperature, args.seed)
     rows = []
-    for s, o, n in zip(args.protein, out, nfe):
+    for s, o, n in zip(seqs, out, nfe):
         seq = model.decode(o)[0]
         keeps = all(a == "_" or a == b for a, b in zip(s, seq))
         rows.append({"input": s, "sequence": seq, "masked": s.count("_"), "nfe": int(n),
@@ -425,13 +598,18 @@ def cmd_decode(args) -> int:
         CLIError: neither or both of puzzles and ``--protein``, a negative temperature, bad puzzles or
             sequences, a bad knob, a missing model or head.
     """
-    if bool(args.puzzles) == bool(args.protein):
-        raise CLIError("give Sudoku PUZZLE strings or --protein SEQ (not both, not neither)")
+    src = _one_input(args, {"PUZZLE strings": bool(args.puzzles), "--file": args.file is not None,
+                            "--protein SEQ": bool(args.protein), "--protein-file": args.protein_file is not None})
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
         raise CLIError(f"--temperature must be a finite number >= 0 (0: argmax), got {args.temperature}")
-    res = _decode_sudoku(args) if args.puzzles else _decode_protein(args)
+    if args.head is not None and (args.model is None or args.rule != "mi"):
+        raise CLIError("--head goes with --model and --rule mi (the profile's own head is found by itself)")
+    res = _decode_sudoku(args) if src in ("PUZZLE strings", "--file") else _decode_protein(args)
     if args.json:
         print(json.dumps(res, indent=1))
+        return 0
+    if args.jsonl:
+        _print_jsonl(res)
         return 0
 
     knob = "" if res["knob"] is None else f", knob {res['knob']:g}"
@@ -452,6 +630,13 @@ def cmd_decode(args) -> int:
     return 0
 
 
+def _print_jsonl(res: dict) -> None:
+    """One JSON line per input: the run's settings (``batch_seconds``: the one batched call) and the input's result."""
+    head = {("batch_seconds" if k == "seconds" else k): v for k, v in res.items() if k != "results"}
+    for r in res["results"]:
+        print(json.dumps({**head, **r}, allow_nan=False), flush=True)
+
+
 # ------------------------------------------------------------------------------------------ nll
 def cmd_nll(args) -> int:
     """`mimdm nll`: time-free I-MDCE NLL (nats) of complete Sudoku grids, ``--samples`` passes per grid.
@@ -461,30 +646,37 @@ def cmd_nll(args) -> int:
     Raises:
         CLIError: ``--samples`` < 1, a malformed or incomplete grid, a missing model.
     """
+    _one_input(args, {"GRID strings": bool(args.grids), "--file": args.file is not None})
     if args.samples is not None and args.samples < 1:
         raise CLIError(f"--samples must be >= 1, got {args.samples}")
+    named = (_grids_from_file(args.file) if args.file is not None
+             else [(f"grid {i}", s) for i, s in enumerate(args.grids, 1)])
     grids = []
-    for i, s in enumerate(args.grids, 1):
+    for where, s in named:
         try:
             g = sd.parse_grid(s, check=False)
         except sd.SudokuError as e:
-            raise CLIError(f"grid {i} is not a valid Sudoku string: {e}") from None
+            raise CLIError(f"{where} is not a valid Sudoku string: {e}") from None
         if (g == 0).any():
-            raise CLIError(f"grid {i} has {int((g == 0).sum())} blank cells; `mimdm nll` scores complete grids "
+            raise CLIError(f"{where} has {int((g == 0).sum())} blank cells; `mimdm nll` scores complete grids "
                            "(81 digits 1-9)")
         grids.append(g)
     p, dev = _profile(args.profile), _device(args.device)
     K = args.samples or p.nll_draws
-    model, rec = _load_sudoku(p, dev)
+    model, rec = _sudoku_model(args, p, dev)
     est = time_free_nll(model, grids_to_tokens(np.stack(grids), dev), n_samples=K, seed=args.seed, sizes=args.sizes)
     ref = reference_nll()["uniform_valid_grids"]
     # one draw has no standard error: None (JSON null; "n/a" in text), never NaN (not valid JSON)
     rows = [{"grid": sd.format_grid(g), "nll_nats": float(v), "stderr_nats": float(se) if math.isfinite(se) else None,
              "nfe": int(n), "valid": bool(sd.is_valid_solution(g))}
             for g, v, se, n in zip(grids, est.value.cpu(), est.stderr.cpu(), est.nfe.cpu())]
+    res = {"model_path": rec["path"], "samples": K, "sizes": args.sizes, "seed": args.seed,
+           "reference_uniform_valid_grids_nats": ref, "results": rows}
     if args.json:
-        print(json.dumps({"model_path": rec["path"], "samples": K, "sizes": args.sizes, "seed": args.seed,
-                          "reference_uniform_valid_grids_nats": ref, "results": rows}, indent=1, allow_nan=False))
+        print(json.dumps(res, indent=1, allow_nan=False))
+        return 0
+    if args.jsonl:
+        _print_jsonl(res)
         return 0
     for i, r in enumerate(rows, 1):
         se = "n/a" if r["stderr_nats"] is None else f"{r['stderr_nats']:.3f}"

@@ -110,6 +110,53 @@ def degap(seq: str) -> str:
     return "".join(c for c in seq if c not in GAP_CHARS).upper()
 
 
+def parse_sequences(text: str, name: str = "<stdin>", allow_gaps: bool = False) -> list[str]:
+    """Parse a sequence file for decoding or probing: one sequence per line, or FASTA (a ``>`` header line, then
+    the sequence on one or more lines). ``_`` marks a masked position; ``#`` starts a comment; blank lines are
+    skipped. Each sequence is checked by `validate_sequence` (``allow_mask=True``); nothing is changed or dropped.
+
+    Args:
+        text: the file's text. name: used in messages (the file name or ``<stdin>``).
+        allow_gaps: accept ``-`` and ``.`` (aligned rows, e.g. for the Potts MDM).
+
+    Returns:
+        the sequences in file order.
+
+    Raises:
+        ValueError: a line with a character that is not an amino acid (or ``_``, or a gap when allowed), a FASTA
+            header with no sequence, or no sequence at all; the message names ``name`` and the line.
+    """
+    records: list[tuple[int, str]] = []  # (first line, sequence)
+    header_line, parts = None, []
+
+    def close():
+        if header_line is not None and not parts:
+            raise ValueError(f"{name} line {header_line}: FASTA header with no sequence")
+        if parts:
+            records.append((parts[0][0], "".join(t for _, t in parts)))
+
+    for n, line in enumerate(text.splitlines(), 1):
+        t = line.split("#", 1)[0].strip()
+        if not t:
+            continue
+        if t.startswith(">"):
+            close()
+            header_line, parts = n, []
+            continue
+        try:
+            validate_sequence(t, allow_gaps=allow_gaps, allow_mask=True)
+        except ValueError as e:
+            raise ValueError(f"{name} line {n}: {e}") from None
+        if header_line is None:
+            records.append((n, t))  # one sequence per line
+        else:
+            parts.append((n, t))
+    close()
+    if not records:
+        raise ValueError(f"{name}: no sequence in the file")
+    return [s for _, s in records]
+
+
 # ----------------------------------------------------------------------------------- alignment
 class Alignment(tuple):
     """``(ids, aligned_seqs)`` as returned by `load_alignment`, with extra attributes.

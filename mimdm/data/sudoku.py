@@ -26,8 +26,9 @@ Only numpy is needed.
 from __future__ import annotations
 
 import random as _random
-from pathlib import Path
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -756,7 +757,20 @@ def random_partial(solution, n_clues: int, rng) -> np.ndarray:
 
 
 def read_puzzles(path: str | Path) -> list[Puzzle]:
-    """Read a puzzle file: one puzzle per line, for decoding studies on a set of the reader's own.
+    """Read a puzzle file (format and rules: `parse_puzzles`), for decoding studies on a set of the reader's own.
+
+    Raises:
+        FileNotFoundError: no such file.
+        SudokuError: as `parse_puzzles`, each message naming the file and line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"puzzle file not found: {path}")
+    return parse_puzzles(path.read_text(), path.name)
+
+
+def parse_puzzles(text: str, name: str = "<stdin>") -> list[Puzzle]:
+    """Parse the text of a puzzle file (``name`` is used in messages, e.g. the file name or ``<stdin>``).
 
     Formats: an 81-character grid per line (``1``-``9``, ``.`` or ``0`` blanks), optionally followed by other
     whitespace- or comma-separated fields (a rating, a name), which are ignored; ``#`` starts a comment; blank lines
@@ -771,17 +785,11 @@ def read_puzzles(path: str | Path) -> list[Puzzle]:
         the puzzles in file order.
 
     Raises:
-        FileNotFoundError: no such file.
         SudokuError: a line that is not a puzzle (too short or long, a bad character, givens that break a rule), a
             puzzle with no solution, a CSV row with a missing column or a solution that does not complete its
-            puzzle, or no puzzle at all; each message names the file and line.
+            puzzle, or no puzzle at all; each message names ``name`` and the line.
     """
-    import warnings
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"puzzle file not found: {path}")
-    lines = path.read_text().splitlines()
+    lines = text.splitlines()
     body = [(n, line.split("#", 1)[0].strip()) for n, line in enumerate(lines, 1)]
     body = [(n, t) for n, t in body if t]
     header = [c.strip().lower() for c in body[0][1].split(",")] if body else []
@@ -789,16 +797,16 @@ def read_puzzles(path: str | Path) -> list[Puzzle]:
     if csv:
         body = body[1:]
     out, several = [], []
-    for n, text in body:
-        where = f"{path.name} line {n}"
+    for n, row in body:
+        where = f"{name} line {n}"
         if csv:
-            cols = [c.strip() for c in text.split(",")]
+            cols = [c.strip() for c in row.split(",")]
             if len(cols) < len(header):
                 raise SudokuError(f"{where}: {len(cols)} columns, the header names {len(header)} "
                                   f"({', '.join(header)})")
             puzzle_text, solution_text = cols[header.index("puzzle")], cols[header.index("solution")]
         else:
-            puzzle_text, solution_text = text.replace(",", " ").split()[0], None
+            puzzle_text, solution_text = row.replace(",", " ").split()[0], None
         try:
             grid = parse_grid(puzzle_text)
         except SudokuError as e:
@@ -821,11 +829,11 @@ def read_puzzles(path: str | Path) -> list[Puzzle]:
         grid.flags.writeable = solution.flags.writeable = False
         out.append(Puzzle(grid, solution, int((grid > 0).sum()), difficulty))
     if several:
-        warnings.warn(f"{path.name}: left out {len(several)} puzzle(s) with several solutions (lines "
+        warnings.warn(f"{name}: left out {len(several)} puzzle(s) with several solutions (lines "
                       f"{', '.join(map(str, several[:10]))}{' ...' if len(several) > 10 else ''})", UserWarning,
                       stacklevel=2)
     if not out:
-        raise SudokuError(f"{path.name}: no puzzle with a unique solution in the file")
+        raise SudokuError(f"{name}: no puzzle with a unique solution in the file")
     return out
 
 

@@ -25,7 +25,13 @@ from mimdm.core.shipped import refuse_training
 from mimdm.data import protein as pr
 from mimdm.models.esmc import ESMCMDM
 from mimdm.models.hf_mlm import load_hf_masked_lm
-from mimdm.models.potts import held_out_ce, load_potts, potts_dir, save_potts, train_potts_mdm
+from mimdm.models.potts import (
+    held_out_ce,
+    load_potts,
+    potts_dir,
+    save_potts,
+    train_potts_mdm,
+)
 from mimdm.models.training import OBJECTIVE_VERSION, TrainConfig, train_mdm
 
 
@@ -382,12 +388,24 @@ def load_protein_model(model: str, model_cfg: ProteinMDMConfig, train_cfg: Train
     if model == "offline":
         m, rec = load_or_train_protein_mdm(model_cfg, train_cfg, family, device, progress)
         return apply_precision(m, precision), rec
-    if model.startswith("hf:"):
-        m = apply_precision(load_hf_masked_lm(model[3:], device=device), precision)
-    else:
-        m = apply_precision(ESMCMDM.load(model, device=device), precision)
+    m = load_protein_backbone(model, device, precision)
     return m, {"path": str(model), "n_parameters": sum(p.numel() for p in m.parameters()), "eval": {
         "val_ce": masked_ce(m, family.part("val")), "uniform_ce": float(np.log(20))}}
+
+
+def load_protein_backbone(model: str, device="cpu", precision: str = "auto"):
+    """A pretrained protein MDM by name, without a family: ``"esmc_300m"``, a local ESM-C weights path, a protein
+    MDM checkpoint of this package (a ``.pt`` file, e.g. ``model.pt``), or ``"hf:<model id or folder>"`` (see `load_protein_model`).
+
+    Raises:
+        FileNotFoundError: weights not found (the message says where it looked and how to provide them).
+        ValueError: a ``.pt`` file that is not a protein MDM checkpoint of this package.
+    """
+    if model.startswith("hf:"):
+        return apply_precision(load_hf_masked_lm(model[3:], device=device), precision)
+    if Path(model).suffix == ".pt":  # ESM-C weights are .pth files
+        return apply_precision(load_protein_mdm(Path(model), device)[0], precision)
+    return apply_precision(ESMCMDM.load(model, device=device), precision)
 
 
 def load_or_train_potts(family: FamilyData, positions, cfg, train_cfg: TrainConfig, device="cpu", progress: bool = True,
