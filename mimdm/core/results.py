@@ -45,6 +45,18 @@ def results_path(chapter: str, profile_name: str, results_dir: str | Path = "res
     return d / f"{chapter}.json" if record and profile_name in RECORD_PROFILES else d / profile_name / f"{chapter}.json"
 
 
+def results_name(chapter: str, puzzle_file: str | Path | None = None, model_path: str | Path | None = None) -> str:
+    """The results file stem of a Sudoku chapter run: ``chapter`` for the study's own puzzles and model, else with
+    the puzzle file's stem and the model folder's name (or file stem) appended, so a run on another set or model
+    never replaces the study's results (as chapter 4 does for other families)."""
+    parts = [chapter]
+    if puzzle_file is not None:
+        parts.append(Path(puzzle_file).stem)
+    if model_path is not None:
+        parts.append(Path(model_path).parent.name or Path(model_path).stem)
+    return "_".join(parts)
+
+
 def run_banner(profile, device: str) -> str:
     """Markdown for the top of a chapter page: the profile, device, commit and date (UTC) of the run; under a profile
     outside `RECORD_PROFILES` (``smoke``) first a warning that its numbers only test that the code runs."""

@@ -128,8 +128,9 @@ def mi_row_table(row_81, givens_81, vmax: float, cell: int | None = None, captio
 
 
 # ------------------------------------------------------------------------------------ data
-def sudoku_contexts(n_puzzles: int = 2, rates=DEFAULT_RATES, seed: int = 0) -> dict:
-    """Random solution grids, each masked at several nested levels.
+def sudoku_contexts(n_puzzles: int = 2, rates=DEFAULT_RATES, seed: int = 0, solutions=None) -> dict:
+    """Random solution grids (or the first ``n_puzzles`` of ``solutions``: ``[N, 81]`` or ``[N, 9, 9]`` digits, e.g.
+    the solutions of a reader's puzzle file), each masked at several nested levels.
 
     Each puzzle gets a random order of its 81 cells (all starting with the same cell, so one cell
     is masked in every context); level ``k`` masks the first ``round(81 · rates[k])`` cells of
@@ -140,14 +141,23 @@ def sudoku_contexts(n_puzzles: int = 2, rates=DEFAULT_RATES, seed: int = 0) -> d
         "order": [P, 81] int cell order, "rates": tuple of R floats, "n_masked": [R] int}``.
 
     Raises:
-        ValueError: no puzzle, no level, or a rate outside (0, 1].
+        ValueError: no puzzle, no level, a rate outside (0, 1], or fewer than ``n_puzzles`` ``solutions`` (or one
+            that is not a valid complete grid).
     """
 
     rates = tuple(float(r) for r in rates)
     if n_puzzles < 1 or not rates or not all(0 < r <= 1 for r in rates):
         raise ValueError(f"need n_puzzles >= 1 and rates in (0, 1], got {n_puzzles} and {rates}")
     rng = np.random.default_rng(seed)
-    sols = sd.random_solutions(n_puzzles, rng)
+    if solutions is None:
+        sols = sd.random_solutions(n_puzzles, rng)
+    else:
+        sols = np.asarray(solutions).reshape(len(solutions), 81)[:n_puzzles]
+        if len(sols) < n_puzzles:
+            raise ValueError(f"need {n_puzzles} solutions, got {len(sols)}")
+        bad = [i for i, g in enumerate(sols) if not sd.is_valid_solution(g)]
+        if bad:
+            raise ValueError(f"solutions {bad[:5]} are not valid complete grids")
     order = np.stack([rng.permutation(81) for _ in range(n_puzzles)])
     for p in range(1, n_puzzles):  # every order starts with the same cell: masked in every context
         j = int(np.flatnonzero(order[p] == order[0, 0])[0])

@@ -107,13 +107,15 @@ def probe_levels(model: MaskedModel, mask_rates: list[float], n_contexts: int, s
 
 
 def probe_puzzles(model: MaskedModel, n_puzzles: int, clues: tuple[int, int] = (25, 35), seed: int = 4,
-                  batch_tokens: int = 81 * 512) -> dict:
-    """Probe real puzzles (unique solution, clue count uniform in ``clues``): the same summary as `probe_levels`.
+                  batch_tokens: int = 81 * 512, puzzles: list[sd.Puzzle] | None = None) -> dict:
+    """Probe real puzzles (unique solution, clue count uniform in ``clues``; or the first ``n_puzzles`` of
+    ``puzzles``, e.g. a reader's puzzle file): the same summary as `probe_levels`.
 
     A unique puzzle has zero true MI; what probing shows is the model's belief before it has
     worked the puzzle out.
     """
-    puzzles = sd.make_puzzles(n_puzzles, clues, np.random.default_rng(seed))
+    puzzles = (sd.make_puzzles(n_puzzles, clues, np.random.default_rng(seed)) if puzzles is None
+               else list(puzzles)[:n_puzzles])
     grids = np.stack([p.puzzle for p in puzzles])
     res = probe_mi(model, grids_to_tokens(grids, model.device), batch_tokens=batch_tokens)
     graph = sd.constraint_graph()

@@ -13,6 +13,7 @@ from mimdm.core.contract import MaskedModel
 from mimdm.data import sudoku as sd
 from mimdm.evaluation.evalcache import EvalCache, cached_conditional_nll
 from mimdm.evaluation.likelihood import Estimate, exhaustive_nll, log_likelihood_ratio, time_free_nll, time_integral_nll
+from mimdm.experiments.speedup import generation_contexts
 from mimdm.models.oracle import TableJointMDM, potts_chain_log_joint
 from mimdm.pipelines.zoo import grids_to_tokens, tokens_to_grids
 
@@ -159,6 +160,24 @@ def nll_by_validity(model: MaskedModel, out_tokens: torch.Tensor, context_grids:
     valid = sd.is_valid_solution_batch(out) & np.all((context_grids == 0) | (out == context_grids), axis=1)
     auroc = float(roc_auc_score(~valid, nll)) if 0 < valid.sum() < len(valid) else math.nan
     return {"nll": nll.tolist(), "valid": valid.tolist(), "auroc_invalid": auroc}
+
+
+def chapter_grids(profile, rng, puzzles: list[sd.Puzzle] | None = None) -> np.ndarray:
+    """``[n, 81]`` complete grids whose NLL chapter 6 estimates: ``profile.likelihood_sequences`` random valid grids
+    drawn from ``rng``, or the solutions of the first ``profile.likelihood_sequences`` of ``puzzles`` (a reader's
+    puzzle file; ``rng`` is then not used)."""
+    if puzzles is None:
+        return sd.random_solutions(profile.likelihood_sequences, rng)
+    return np.stack([p.solution.reshape(81) for p in puzzles[:profile.likelihood_sequences]])
+
+
+def chapter_contexts(profile, rng, puzzles: list[sd.Puzzle] | None = None) -> np.ndarray:
+    """``[n, 81]`` contexts chapter 6 decodes at temperature 1: ``profile.likelihood_contexts`` under-constrained
+    grids (`mimdm.experiments.speedup.generation_contexts`, from ``rng``), or the first ``profile.likelihood_contexts``
+    of ``puzzles`` (``rng`` is then not used)."""
+    if puzzles is None:
+        return generation_contexts(profile.likelihood_contexts, profile.generation_max_clues, rng)
+    return np.stack([p.puzzle.reshape(81) for p in puzzles[:profile.likelihood_contexts]])
 
 
 def findings_markdown(values: dict, likelihood_draws: int) -> str:

@@ -194,6 +194,37 @@ def heavily_masked(gt_rec: list[dict], pred_rec: list[dict], rates: np.ndarray, 
             "pred_average_precision": mean(pred_rec, "average_precision")}
 
 
+def puzzle_recovery(model: MaskedModel, head: MIHead, puzzles: list[sd.Puzzle], layer: int = -1,
+                    batch_tokens: int = 81 * 512) -> dict:
+    """Constraint recovery on real puzzles (chapter 3's puzzle section; a reader's puzzle file goes here): probed
+    and head-predicted MI of each puzzle's blanks against the Sudoku constraint graph, and their agreement.
+
+    Returns:
+        ``{"n_puzzles", "mean_blanks", "gt_auroc", "pred_auroc", "gt_average_precision", "pred_average_precision",
+        "pearson_pred_vs_gt" (pooled over blank pairs), "probing_nfe_per_puzzle"}``; AUROC/AP are means over puzzles
+        (NaN-skipping: a puzzle whose blanks hold no constrained or no unconstrained pair has none).
+
+    Raises:
+        ValueError: no puzzle.
+    """
+    if not puzzles:
+        raise ValueError("no puzzle")
+    grids = np.stack([p.puzzle for p in puzzles]).reshape(len(puzzles), 81)
+    x = grids_to_tokens(grids, model.device)
+    res = probe_mi(model, x, batch_tokens=batch_tokens)
+    gt, masked = res.mi.cpu().float(), res.masked.cpu()
+    pred = predict_mi(model, head, x, layer).cpu().float()
+    gt_rec, pr_rec = constraint_recovery(gt, masked), constraint_recovery(pred, masked)
+    mean = lambda rec, k: float(np.nanmean([r[k] for r in rec]))  # noqa: E731
+    pooled = correlation(np.concatenate([pair_values(pred[b], masked[b]) for b in range(len(grids))]),
+                         np.concatenate([pair_values(gt[b], masked[b]) for b in range(len(grids))]))
+    return {"n_puzzles": len(grids), "mean_blanks": float(masked.sum(1).double().mean()),
+            "gt_auroc": mean(gt_rec, "auroc"), "pred_auroc": mean(pr_rec, "auroc"),
+            "gt_average_precision": mean(gt_rec, "average_precision"),
+            "pred_average_precision": mean(pr_rec, "average_precision"),
+            "pearson_pred_vs_gt": pooled["pearson"], "probing_nfe_per_puzzle": float(res.nfe.double().mean())}
+
+
 def select_on_validation(ablations: dict, val: dict, mask_id: int) -> dict:
     """Validation Pearson of each ablation head (``{name: (head, record, cfg)}``), for choosing without the test split."""
     out = {}

@@ -17,6 +17,7 @@ import torch
 
 from mimdm.core.artifacts import artifact_dir
 from mimdm.core.contract import MaskedModel
+from mimdm.core.results import results_name  # noqa: F401  (chapter 5 calls sp.results_name)
 from mimdm.data import sudoku as sd
 from mimdm.evaluation.evalcache import EvalCache, cached_decode
 from mimdm.pipelines.zoo import grids_to_tokens, tokens_to_grids
@@ -758,16 +759,4 @@ def findings_markdown(values: dict, oracle_puzzles: int) -> str:
   {", ".join(f"({r['eps']:g}, {r['entropy_cap'] if _has_cap(r['entropy_cap']) else '∞'})" for r in gaps)}
   (McNemar {", ".join(_p_value(r['mcnemar_p']) for r in gaps)}; same puzzles).
 '''
-
-
-def results_name(chapter: str, puzzle_file: str | Path | None = None, model_path: str | Path | None = None) -> str:
-    """The results file stem of a chapter run: ``chapter`` for the study's own puzzles and model, else with the
-    puzzle file's stem and the model folder's name appended, so a run on another set or model never replaces the
-    study's results (as chapter 4 does for other families)."""
-    parts = [chapter]
-    if puzzle_file is not None:
-        parts.append(Path(puzzle_file).stem)
-    if model_path is not None:
-        parts.append(Path(model_path).parent.name or Path(model_path).stem)
-    return "_".join(parts)
 
