@@ -81,3 +81,62 @@ def test_chapter6_inputs_from_a_puzzle_file_or_the_profile(puzzles):
     assert np.array_equal(lk.chapter_grids(P, a), sd.random_solutions(P.likelihood_sequences, b))
     ctx = lk.chapter_contexts(P, a)
     assert ctx.shape == (P.likelihood_contexts, 81) and all(sd.is_consistent(c) for c in ctx)
+
+
+# ------------------------------------------------------------------------------------------ the "Adapt the study" page
+def test_papermill_command_and_the_protein_run_profile():
+    from mimdm.app.adapt import papermill_command, protein_run_profile
+
+    cmd = papermill_command("book/05_speedup_analysis.ipynb", "my.ipynb",
+                            {"profile": "cpu", "puzzle_file": "my puzzles.csv", "model_path": None, "clues": (27, 29)})
+    assert cmd == ("papermill book/05_speedup_analysis.ipynb my.ipynb --cwd book -p profile cpu "
+                   "-p puzzle_file 'my puzzles.csv' -p model_path null -p clues '[27, 29]'")
+    assert [protein_run_profile(p) for p in ("cpu", "smoke", "paper")] == ["smoke", "smoke", "paper"]
+    assert protein_run_profile("cpu", "cpu") == "cpu"
+
+
+def test_headline_table_lines_up_records():
+    from mimdm.app.adapt import headline_table
+
+    rows = headline_table({"a": {"profile": "cpu", "values": {"headline": {"x": 1.0, "y": None}}},
+                           "b": {"profile": "smoke", "values": {"headline": {"z": 2}}}})
+    assert [r["run"] for r in rows] == ["a", "b"] and rows[0]["x"] == 1.0 and rows[1]["z"] == 2
+    assert np.isnan(rows[0]["y"]) and np.isnan(rows[0]["z"]) and np.isnan(rows[1]["x"])
+    with pytest.raises(KeyError):
+        headline_table({"c": {"profile": "cpu", "values": {}}})
+
+
+def test_generated_puzzles_have_one_solution_in_the_clue_range():
+    from mimdm.app.adapt import generated_puzzles
+
+    ps = generated_puzzles(4, (28, 29), seed=2)
+    assert len(ps) == 4 and all(28 <= p.n_clues <= 29 and sd.count_solutions(p.puzzle, limit=2) == 1 for p in ps)
+    assert all(sd.is_valid_solution(p.solution) for p in ps)
+    assert [sd.format_grid(p.puzzle) for p in generated_puzzles(4, (28, 29), seed=2)] == \
+        [sd.format_grid(p.puzzle) for p in ps]
+    with pytest.raises(sd.SudokuError, match="at least one puzzle"):
+        generated_puzzles(0, (28, 29))
+
+
+def test_run_chapter_runs_a_notebook_into_its_own_folder(tmp_path):
+    import nbformat
+
+    from mimdm.app.adapt import run_chapter
+
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell('profile = "smoke"\nresults_dir = "results"\nrecord = True\nx = 1\nwrite = True')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(
+        "from mimdm.app.profiles import get_profile\nfrom mimdm.core.results import write_results\n"
+        "if write:\n    write_results('toy', {'headline': {'x': x}}, get_profile(profile), 'cpu', results_dir, record=record)")]
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    (tmp_path / "book").mkdir()
+    path = tmp_path / "book" / "toy.ipynb"
+    nbformat.write(nb, path)
+    run = run_chapter(path, tmp_path / "out", {"profile": "smoke", "x": 7})
+    assert run["results"]["values"]["headline"] == {"x": 7} and run["results"]["profile"] == "smoke"
+    assert run["results_path"] == (tmp_path / "out" / "results" / "smoke" / "toy.json").resolve()
+    assert run["notebook"].is_file() and not (tmp_path / "book" / "results").exists()  # never the record
+    assert run["command"].endswith("--cwd book -p profile smoke -p x 7") and run["seconds"] > 0
+    with pytest.raises(RuntimeError, match="wrote 0 results files"):
+        run_chapter(path, tmp_path / "out", {"write": False})

@@ -391,4 +391,15 @@ def test_sweep_figures_draw_each_rule_in_its_colour_with_its_frontier():
     fig2, ax2 = plt.subplots()
     plot_nfe_sweep(rows, "solve_rate", ax2)
     assert ax2.get_xscale() == "log" and [ln.get_color() for ln in ax2.lines] == ["black", RULE_COLORS["MI-guided"]]
+    from mimdm.experiments.plotting import plot_held_out
+
+    held = [{"rule": "sequential", "nfe": 50.0, "solve_rate": 0.9, "solve_rate_ci_low": 0.8, "solve_rate_ci_high": 0.95},
+            {"rule": "MI-guided", "nfe": 12.0, "solve_rate": 0.85, "solve_rate_ci_low": 0.7, "solve_rate_ci_high": 0.9}]
+    fig3, ax3 = plt.subplots()
+    plot_held_out({"yours": held, "study": held[:1]}, "solve_rate", ax3)
+    legend = [t.get_text() for t in ax3.get_legend().get_texts()]
+    assert legend == ["yours", "study", "sequential", "MI-guided"] and ax3.get_xscale() == "log"
+    bars = [c for c in ax3.containers]  # one error bar per row: three
+    assert len(bars) == 3 and bars[1].lines[0].get_color() == RULE_COLORS["MI-guided"]
+    assert list(bars[1].lines[0].get_xdata()) == [12.0] and list(bars[1].lines[0].get_ydata()) == [0.85]
     plt.close("all")

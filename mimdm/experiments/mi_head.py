@@ -394,4 +394,12 @@ def constraint_findings_markdown(values: dict) -> str:
   AUROC {bins}.
   Against the true data MI from enumerated completions the probed map reaches Pearson
   {ag["gt_vs_data"]["pearson"]:.2f} and the head's {ag["pred_vs_data"]["pearson"]:.2f} (head vs probed: {ag["pred_vs_gt"]["pearson"]:.2f}).
+''' + (_puzzle_findings(values["puzzles"]) if "puzzles" in values else "")
+
+
+def _puzzle_findings(p: dict) -> str:
+    return f'''- **Real puzzles** ({p["n_puzzles"]} {p.get("source", "puzzles")}, {p["mean_blanks"]:.0f} blanks on average): AUROC
+  {p["gt_auroc"]:.3f} (probed) and {p["pred_auroc"]:.3f} (predicted), head vs probed Pearson {p["pearson_pred_vs_gt"]:.2f}
+  over blank pairs. A puzzle with one solution has no true MI: these maps are the model's belief before it has
+  solved the puzzle, and the constraints still order it.
 '''

@@ -84,6 +84,29 @@ def plot_pareto_sweep(rows, metric: str, ax=None, title: str = "", higher_is_bet
     return ax
 
 
+def plot_held_out(sets: dict, metric: str = "solve_rate", ax=None, title: str = ""):
+    """Held-out rows (`mimdm.experiments.speedup.report_held_out`) of one or more puzzle sets, ``{label: rows}``:
+    each rule's chosen setting at (mean NFE, ``metric``) with its Wilson interval as an error bar, colour per rule
+    (`RULE_COLORS`), one marker per set (circle, square, triangle, ...); the legend names rules and sets."""
+    ax = ax or plt.gca()
+    markers = "osv^D"
+    for k, (label, rows) in enumerate(sets.items()):
+        m = markers[k % len(markers)]
+        for r in rows:
+            y, lo, hi = r[metric], r[f"{metric}_ci_low"], r[f"{metric}_ci_high"]
+            ax.errorbar(r["nfe"], y, yerr=[[y - lo], [hi - y]], fmt=m, c=rule_color(r["rule"]), ms=6, capsize=2,
+                        mfc="none" if k else rule_color(r["rule"]))
+        ax.plot([], [], m, c="gray", mfc="none" if k else "gray", label=label)
+    for name in dict.fromkeys(r["rule"] for rows in sets.values() for r in rows):
+        ax.plot([], [], "-", c=rule_color(name), label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("mean NFE (forward passes) per puzzle")
+    ax.set_ylabel(METRIC_LABELS.get(metric, metric))
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)
+    return ax
+
+
 def plot_nfe_sweep(rows, metric: str, ax=None, title: str = "", ylabel: str = ""):
     """A decoding sweep as one line per rule against mean NFE on a log scale (sequential as a star)."""
     ax = ax or plt.gca()
