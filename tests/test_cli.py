@@ -291,6 +291,7 @@ def test_decode_and_nll_read_files_and_stdin_and_print_json_lines(trained, capsy
     (f"# ok\n{PUZZLE}\n{PUZZLE[:40]}x{PUZZLE[41:]}\n", "line 3:"),
     ("55" + PUZZLE[2:] + "\n", "line 1:"),
     ("puzzle,solution\n" + PUZZLE + "\n", "line 2: 1 columns, the header names 2"),
+    (f"{PUZZLE}\n{'12345678.' + '........9' + '.' * 63}\n", "line 2: the puzzle has no solution"),
 ])
 def test_bad_puzzle_files_name_the_line(text, message, capsys, tmp_path):
     f = tmp_path / "bad.txt"

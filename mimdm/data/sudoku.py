@@ -838,8 +838,10 @@ def parse_puzzles(text: str, name: str = "<stdin>") -> list[Puzzle]:
 
 
 def write_puzzles(puzzles: list[Puzzle], path: str | Path) -> Path:
-    """Write puzzles in the CSV layout `read_puzzles` reads (``puzzle,solution,clues,difficulty``)."""
+    """Write puzzles in the CSV layout `read_puzzles` reads (``puzzle,solution,clues,difficulty``), creating the
+    folder if needed; returns the path."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     rows = ["puzzle,solution,clues,difficulty"] + [f"{format_grid(p.puzzle)},{format_grid(p.solution)},{p.n_clues},"
                                                    f"{p.difficulty}" for p in puzzles]
     path.write_text("\n".join(rows) + "\n")

@@ -633,8 +633,10 @@ def puzzle_set_summary(puzzles: list[sd.Puzzle]) -> dict:
             "mean_difficulty": float(np.mean([p.difficulty for p in puzzles])), "mean_masked": 81 - float(np.mean(clues))}
 
 
-def held_out_verdict(held_out: list[dict], claim: tuple[float, float] = (3.0, 5.0), tolerance: float = 0.01) -> str:
-    """Chapter 5's answer on held-out hard puzzles, as one Markdown paragraph.
+def held_out_verdict(held_out: list[dict], claim: tuple[float, float] = (3.0, 5.0), tolerance: float = 0.01,
+                     puzzles: str = "held-out hard puzzles") -> str:
+    """Chapter 5's answer on held-out hard puzzles (``puzzles`` names them in the text, e.g. a reader's file), as one
+    Markdown paragraph.
 
     Reads `report_held_out` rows (settings chosen on the development set) and states: MI-guided decoding's NFE
     reduction against the paper's ``claim`` range; whether its solve rate held (the 95% paired interval of its
@@ -678,7 +680,7 @@ def held_out_verdict(held_out: list[dict], claim: tuple[float, float] = (3.0, 5.
                      f"{100 * mg['solve_rate']:.1f}% vs {100 * x['solve_rate']:.1f}% solved)")
     ci = ("" if math.isnan(mg.get("nfe_reduction_ci_low", math.nan)) else
           f" (paired 95% interval {mg['nfe_reduction_ci_low']:.2f}-{mg['nfe_reduction_ci_high']:.2f}×)")
-    return (f"On {mg['n']:,} held-out hard puzzles, MI-guided decoding at the setting chosen on the development set "
+    return (f"On {mg['n']:,} {puzzles}, MI-guided decoding at the setting chosen on the development set "
             f"needs {red:.2f}× fewer passes than sequential decoding{ci}, {vs_claim}, with {quality}; {wall}. "
             f"Against the other rules' chosen settings it " + "; ".join(parts) + ".")
 
