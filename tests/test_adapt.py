@@ -118,7 +118,9 @@ def test_generated_puzzles_have_one_solution_in_the_clue_range():
         generated_puzzles(0, (28, 29))
 
 
-def test_run_chapter_runs_a_notebook_into_its_own_folder(tmp_path):
+def test_run_chapter_runs_a_notebook_into_its_own_folder(tmp_path, monkeypatch):
+    import os
+
     import nbformat
 
     from mimdm.app.adapt import run_chapter
@@ -133,7 +135,11 @@ def test_run_chapter_runs_a_notebook_into_its_own_folder(tmp_path):
     (tmp_path / "book").mkdir()
     path = tmp_path / "book" / "toy.ipynb"
     nbformat.write(nb, path)
+    monkeypatch.setenv("MIMDM_SHIPPED_ONLY", "cpu")  # inside `mimdm book`: lifted for the run, then restored
+    nb.cells[1].source += "\nimport os\nassert 'MIMDM_SHIPPED_ONLY' not in os.environ"
+    nbformat.write(nb, path)
     run = run_chapter(path, tmp_path / "out", {"profile": "smoke", "x": 7})
+    assert os.environ["MIMDM_SHIPPED_ONLY"] == "cpu"
     assert run["results"]["values"]["headline"] == {"x": 7} and run["results"]["profile"] == "smoke"
     assert run["results_path"] == (tmp_path / "out" / "results" / "smoke" / "toy.json").resolve()
     assert run["notebook"].is_file() and not (tmp_path / "book" / "results").exists()  # never the record

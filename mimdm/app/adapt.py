@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import papermill as pm
 
+from mimdm.core import shipped
 from mimdm.core.artifacts import REPO_ROOT
 from mimdm.data import sudoku as sd
 
@@ -33,6 +35,10 @@ def run_chapter(notebook: str | Path, out_dir: str | Path, parameters: dict, pro
     """Execute a chapter notebook with papermill on a reader's parameters, writing the executed notebook and the
     chapter's results into ``out_dir`` (``results_dir`` is set to ``out_dir/results`` and ``record`` to False, so
     the book's ``book/results/*.json`` stay as they are).
+
+    The run may train what its inputs need (a new family's models, a head for another model), as it would from a
+    shell: `mimdm book`'s guard against training anything but the shipped checkpoints (``$MIMDM_SHIPPED_ONLY``,
+    `mimdm.core.shipped.refuse_training`) is lifted for it and restored afterwards.
 
     Args:
         notebook: the chapter, e.g. ``"book/05_speedup_analysis.ipynb"`` (relative to the repository root, or
@@ -62,8 +68,13 @@ def run_chapter(notebook: str | Path, out_dir: str | Path, parameters: dict, pro
     params = {**parameters, "results_dir": str(res_dir), "record": False}
     executed = out / nb.name
     t0 = time.perf_counter()
-    pm.execute_notebook(str(nb), str(executed), parameters=params, cwd=str(nb.parent), kernel_name="python3",
-                        progress_bar=progress)
+    guard = os.environ.pop(shipped.ENV, None)  # a run on other inputs trains what they need (see the docstring)
+    try:
+        pm.execute_notebook(str(nb), str(executed), parameters=params, cwd=str(nb.parent), kernel_name="python3",
+                            progress_bar=progress)
+    finally:
+        if guard is not None:
+            os.environ[shipped.ENV] = guard
     seconds = time.perf_counter() - t0
     written = sorted(res_dir.rglob("*.json"))
     if len(written) != 1:
