@@ -37,7 +37,10 @@ def test_chapters_have_a_papermill_parameters_cell():
 RESULTS = {"book/01_ground_truth_mi.ipynb": "ground_truth_mi", "book/02_estimator_accuracy.ipynb": "estimator_accuracy",
            "book/03_sudoku_constraints.ipynb": "sudoku_constraints", "book/04_protein_decoding.ipynb": "protein",
            "book/05_speedup_analysis.ipynb": "speedup", "book/06_likelihood.ipynb": "likelihood",
-           "book/mi_explorer.ipynb": "mi_explorer", "book/appendix_protein_families.ipynb": "protein_families"}
+           "book/mi_explorer.ipynb": "mi_explorer", "book/adapt_the_study.ipynb": "adapt",
+           "book/appendix_protein_families.ipynb": "protein_families"}
+#: Figures a chapter page shows at least (the adapt page: one; every other: two).
+MIN_FIGURES = {"book/adapt_the_study.ipynb": 1}
 
 
 def test_committed_chapters_are_executed_with_results_from_a_full_run():
@@ -61,8 +64,9 @@ def test_smoke_book_runs_and_builds(tmp_path):
     _, mrec = profile_sudoku_mdm(smoke, progress=False)
     own = sd.make_puzzles(5, (30, 32), np.random.default_rng(7))
     puzzle_file = sd.write_puzzles(own, tmp_path / "my_puzzles.csv")
-    ch5 = {"book/05_speedup_analysis.ipynb": {"puzzle_file": str(puzzle_file), "model_path": mrec["path"]}}
-    index = run_book("smoke", "cpu", root=root, progress=False, chapter_parameters=ch5)
+    params = {"book/05_speedup_analysis.ipynb": {"puzzle_file": str(puzzle_file), "model_path": mrec["path"]},
+              "book/adapt_the_study.ipynb": {"n_puzzles": 4}}
+    index = run_book("smoke", "cpu", root=root, progress=False, chapter_parameters=params)
     assert index.is_file()
     # a smoke run writes its own results/smoke/ and leaves the book's record as it was
     assert {p.name: p.read_bytes() for p in (root / "book" / "results").glob("*.json")} == record
@@ -98,6 +102,10 @@ def test_smoke_book_runs_and_builds(tmp_path):
     assert (spd["dev_set"]["n"], spd["hard_set"]["n"]) == (smoke.dev_puzzles, len(own))
     assert spd["held_out"][0]["rule"] == "sequential" and spd["held_out"][0]["n"] == len(own)
     assert not (results / "speedup.json").exists()  # a run on another set never writes the study's file
+    adapt = json.loads((results / "adapt.json").read_text())["values"]
+    assert adapt["puzzle_file"]["n"] == 4 and adapt["speedup_run"]["results_file"] == "speedup_puzzles_27_29.json"
+    assert adapt["protein_run"]["results_file"] == "protein_halabi_alignment_3tgiE.json"
+    assert "-p family_alignment s1a -p structure s1a -p chain E" in adapt["protein_run"]["command"]
     for ch in CHAPTERS:
         nb = nbformat.read(root / ch, 4)
         errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
@@ -105,9 +113,9 @@ def test_smoke_book_runs_and_builds(tmp_path):
         injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
         assert len(injected) == 1 and "remove-cell" in injected[0].metadata["tags"], ch  # not shown on the page
         pngs = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-        assert pngs >= 2, ch
+        assert pngs >= MIN_FIGURES.get(ch, 2), ch
         html = (root / "_build" / "html" / ch.replace(".ipynb", ".html")).read_text()
-        assert html.count("<img") >= 2, ch
+        assert html.count("<img") >= MIN_FIGURES.get(ch, 2), ch
     assert "Ground-truth MI" in (root / "_build" / "html" / "book" / "01_ground_truth_mi.html").read_text()
     # the explorer's widgets are embedded and load only vendored JavaScript
     nb = nbformat.read(root / "book/mi_explorer.ipynb", 4)

@@ -29,7 +29,7 @@ from mimdm.pipelines.zoo import profile_sudoku_mdm
 #: Chapter notebooks in reading order (paths relative to the book root); keep in sync with _toc.yml.
 CHAPTERS = ["book/01_ground_truth_mi.ipynb", "book/02_estimator_accuracy.ipynb", "book/03_sudoku_constraints.ipynb", "book/04_protein_decoding.ipynb",
             "book/05_speedup_analysis.ipynb", "book/06_likelihood.ipynb", "book/mi_explorer.ipynb",
-            "book/appendix_protein_families.ipynb"]
+            "book/adapt_the_study.ipynb", "book/appendix_protein_families.ipynb"]
 
 
 def prepare_artifacts(profile: str, device: str = "cpu", progress: bool = True) -> None:
