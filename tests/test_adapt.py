@@ -143,6 +143,6 @@ def test_run_chapter_runs_a_notebook_into_its_own_folder(tmp_path, monkeypatch):
     assert run["results"]["values"]["headline"] == {"x": 7} and run["results"]["profile"] == "smoke"
     assert run["results_path"] == (tmp_path / "out" / "results" / "smoke" / "toy.json").resolve()
     assert run["notebook"].is_file() and not (tmp_path / "book" / "results").exists()  # never the record
-    assert run["command"].endswith("--cwd book -p profile smoke -p x 7") and run["seconds"] > 0
+    assert run["command"] == "papermill book/toy.ipynb my_toy.ipynb --cwd book -p profile smoke -p x 7" and run["seconds"] > 0
     with pytest.raises(RuntimeError, match="wrote 0 results files"):
         run_chapter(path, tmp_path / "out", {"write": False})

@@ -17,7 +17,6 @@ import numpy as np
 import papermill as pm
 
 from mimdm.core import shipped
-from mimdm.core.artifacts import REPO_ROOT
 from mimdm.data import sudoku as sd
 
 
@@ -41,8 +40,8 @@ def run_chapter(notebook: str | Path, out_dir: str | Path, parameters: dict, pro
     `mimdm.core.shipped.refuse_training`) is lifted for it and restored afterwards.
 
     Args:
-        notebook: the chapter, e.g. ``"book/05_speedup_analysis.ipynb"`` (relative to the repository root, or
-            absolute).
+        notebook: the chapter, e.g. ``"05_speedup_analysis.ipynb"`` from a chapter (relative paths are taken from
+            the current folder), or an absolute path.
         out_dir: a folder of this run's own (created); an earlier run's results there are replaced.
         parameters: papermill parameters (e.g. ``{"profile": "cpu", "puzzle_file": "...csv"}``).
 
@@ -56,8 +55,7 @@ def run_chapter(notebook: str | Path, out_dir: str | Path, parameters: dict, pro
         RuntimeError: the chapter wrote no results file, or more than one.
         papermill.PapermillExecutionError: the chapter failed (the message names the cell).
     """
-    nb = Path(notebook)
-    nb = nb if nb.is_absolute() else REPO_ROOT / nb
+    nb = Path(notebook).resolve()  # a relative path is taken from the current folder (a chapter's: book/)
     if not nb.is_file():
         raise FileNotFoundError(f"chapter notebook not found: {nb}")
     out = Path(out_dir).resolve()
@@ -80,8 +78,8 @@ def run_chapter(notebook: str | Path, out_dir: str | Path, parameters: dict, pro
     if len(written) != 1:
         raise RuntimeError(f"{nb.name} wrote {len(written)} results files under {res_dir} (expected one): "
                            f"{[str(p) for p in written]}")
-    rel = nb.relative_to(REPO_ROOT) if nb.is_relative_to(REPO_ROOT) else nb
-    return {"command": papermill_command(rel, f"my_{nb.name}", parameters), "seconds": seconds, "notebook": executed,
+    shown = f"book/{nb.name}" if nb.parent.name == "book" else nb  # as run from the repository root
+    return {"command": papermill_command(shown, f"my_{nb.name}", parameters), "seconds": seconds, "notebook": executed,
             "results_path": written[0], "results": json.loads(written[0].read_text())}
 
 
