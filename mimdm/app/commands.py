@@ -53,15 +53,7 @@ from mimdm.pipelines.zoo import (
     tokens_to_grids,
 )
 from mimdm.probing.exact import probe_mi
-from mimdm.sampling.decoding import (
-    EBSampler,
-    MIGuided,
-    Sequential,
-    Threshold,
-    TopK,
-    decode,
-    head_mi_fn,
-)
+from mimdm.sampling.decoding import EBSampler, MIGuided, Sequential, Threshold, TopK, decode, head_mi_fn
 
 
 class CLIError(Exception):
