@@ -69,7 +69,8 @@ def file_sha256(path: Path) -> str:
 def atomic_save(obj, path: Path) -> None:
     """``torch.save`` to a temporary file of its own and rename, so an interrupted save never leaves a torn file and
     two writers never share a temporary file; then record the file's sha256 in `sidecar_path` (checked by
-    `verify_file` and `load_checkpoint`, so bytes changed after the save are caught)."""
+    `verify_file` and `load_checkpoint`, so bytes changed after the save are caught). The rename and the record happen
+    under a `file_lock` on a hidden ``.<name>.lock`` beside the file, so concurrent writers leave one intact pair."""
     import tempfile
 
     path = Path(path)
@@ -79,11 +80,14 @@ def atomic_save(obj, path: Path) -> None:
     try:
         torch.save(obj, tmp)
         digest = file_sha256(Path(tmp))
-        os.replace(tmp, path)
+        # the rename and the digest's record happen under one lock, so two writers never pair one's file with the
+        # other's digest
+        with file_lock(path.parent / f".{path.name}.lock"):
+            os.replace(tmp, path)
+            atomic_write_text(sidecar_path(path), f"{digest}  {path.name}\n")
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    atomic_write_text(sidecar_path(path), f"{digest}  {path.name}\n")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
