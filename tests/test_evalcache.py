@@ -107,6 +107,21 @@ def test_cached_nll_equals_the_estimator(tiny, x, tmp_path):
     assert not torch.equal(cached_conditional_nll(cache, tiny, out, x, 4, seed=4), ref)
 
 
+def test_estimator_and_ratio_spread_through_the_cache_equal_the_computation(tiny, x, tmp_path):
+    cache = EvalCache("t", root=tmp_path)
+    y = grids_to_tokens(sd.random_solutions(4, np.random.default_rng(1)))
+    ref = lk.estimator_spread(tiny, y, 3, 2, seed=5)
+    assert lk.estimator_spread(tiny, y, 3, 2, seed=5, cache=cache) == ref and (cache.hits, cache.misses) == (0, 1)
+    assert lk.estimator_spread(tiny, y, 3, 2, seed=5, cache=cache) == ref and (cache.hits, cache.misses) == (1, 1)
+    assert lk.estimator_spread(tiny, y, 3, 2, seed=6, cache=cache) != ref and cache.misses == 2  # the seed is in the key
+    z = grids_to_tokens(sd.random_solutions(4, np.random.default_rng(2)))
+    r = lk.ratio_spread(tiny, y, z, 3, 2, seed=5)
+    assert lk.ratio_spread(tiny, y, z, 3, 2, seed=5, cache=cache) == r and cache.misses == 3
+    assert lk.ratio_spread(tiny, y, z, 3, 2, seed=5, cache=cache) == r and cache.hits == 2
+    lk.ratio_spread(tiny, z, y, 3, 2, seed=5, cache=cache)
+    assert cache.misses == 4  # the pairs swapped: another key
+
+
 def test_sweep_through_the_cache_gives_the_same_rows(tiny, x, puzzles, tmp_path):
     cache = EvalCache("t", root=tmp_path)
     rules = [("sequential", math.nan, Sequential("confidence")), ("EB-sampler", 1.0, EBSampler(1.0)),

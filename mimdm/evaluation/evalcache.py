@@ -225,6 +225,23 @@ def cached_conditional_nll(cache: EvalCache | None, model, tokens_BL: Tensor, co
     return res["value"].to(tokens_BL.device)
 
 
+def cached_record(cache: EvalCache | None, key: dict, compute: Callable[[], dict]) -> dict:
+    """A JSON-able result (numbers, strings, lists, dicts) of ``compute`` through ``cache`` under ``key`` (None, or a
+    disabled cache: always compute). Stored as JSON, so a result loaded equals the one computed (floats round-trip
+    exactly).
+
+    Raises:
+        What ``compute`` raises; TypeError: its result is not JSON-able.
+    """
+    def run():
+        return {"json": json.dumps(compute(), sort_keys=False)}
+
+    if cache is None or not cache.enabled:
+        return json.loads(run()["json"])
+    res, _ = cache.get_or_compute(key, run)
+    return json.loads(res["json"])
+
+
 def cached_time_free_nll(cache: EvalCache | None, model, tokens_BL: Tensor, n_samples: int,
                          maskable_BL: Tensor | None = None, seed: int = 0) -> Tensor:
     """`mimdm.evaluation.likelihood.time_free_nll` (``.value``: ``[B]`` nats) of ``tokens_BL`` over the positions
@@ -282,5 +299,5 @@ def recheck(cache: EvalCache, model, heads: dict | None = None, n_rows: int = 8)
     return {"entries": len(files), "rechecked": dict(sorted(done.items()))}
 
 
-__all__ = ["CACHE_VERSION", "EvalCache", "cached_conditional_nll", "cached_decode", "cached_time_free_nll", "decode_key", "module_sha256",
+__all__ = ["CACHE_VERSION", "EvalCache", "cached_conditional_nll", "cached_decode", "cached_record", "cached_time_free_nll", "decode_key", "module_sha256",
            "recheck", "rule_from_key", "rule_key", "tensor_sha256"]

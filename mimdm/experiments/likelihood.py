@@ -11,7 +11,8 @@ import torch
 
 from mimdm.core.contract import MaskedModel
 from mimdm.data import sudoku as sd
-from mimdm.evaluation.evalcache import EvalCache, cached_conditional_nll
+from mimdm.core.artifacts import module_sha256, tensor_sha256
+from mimdm.evaluation.evalcache import EvalCache, cached_conditional_nll, cached_record
 from mimdm.evaluation.likelihood import Estimate, exhaustive_nll, log_likelihood_ratio, time_free_nll, time_integral_nll
 from mimdm.experiments.speedup import generation_contexts
 from mimdm.models.oracle import TableJointMDM, potts_chain_log_joint
@@ -64,23 +65,32 @@ def oracle_exactness(length: int = 6, n_values: int = 3, n_sequences: int = 5, d
 
 
 def estimator_spread(model: MaskedModel, tokens_BL: torch.Tensor, n_samples: int, repeats: int,
-                     maskable_BL: torch.Tensor | None = None, seed: int = 0) -> dict:
+                     maskable_BL: torch.Tensor | None = None, seed: int = 0, cache: EvalCache | None = None) -> dict:
     """The estimators of `ESTIMATOR_FNS` at equal NFE on the same sequences.
 
     Each estimator is run ``repeats`` times with ``n_samples`` draws per sequence. Reported per estimator:
     the mean estimate (nats), the per-draw variance (nats², pooled over sequences and repeats) and the
     standard deviation of the K-draw estimate across repeats (nats, mean over sequences), the quantity a
-    user of one estimate cares about; and the mean NFE per estimate.
+    user of one estimate cares about; and the mean NFE per estimate. ``cache``: reuse the stored result of the same
+    model, sequences, draws, repeats and seed (`mimdm.evaluation.evalcache.cached_record`).
     """
-    out = {}
-    for name, fn in ESTIMATOR_FNS.items():
-        ests = [fn(model, tokens_BL, n_samples, maskable_BL, seed=seed + 7919 * r) for r in range(repeats)]
-        vals = torch.stack([e.value for e in ests])                 # [R, B]
-        draws = torch.cat([e.draws for e in ests], 1)               # [B, R*K]
-        out[name] = {"mean_nll": float(vals.mean()), "per_draw_variance": float(draws.var(1).mean()),
-                     "estimate_std": float(vals.std(0).mean()), "nfe": float(torch.stack([e.nfe for e in ests]).float().mean()),
-                     "per_sequence": vals.mean(0).tolist()}
-    return out
+    def compute():
+        out = {}
+        for name, fn in ESTIMATOR_FNS.items():
+            ests = [fn(model, tokens_BL, n_samples, maskable_BL, seed=seed + 7919 * r) for r in range(repeats)]
+            vals = torch.stack([e.value for e in ests])                 # [R, B]
+            draws = torch.cat([e.draws for e in ests], 1)               # [B, R*K]
+            out[name] = {"mean_nll": float(vals.mean()), "per_draw_variance": float(draws.var(1).mean()),
+                         "estimate_std": float(vals.std(0).mean()),
+                         "nfe": float(torch.stack([e.nfe for e in ests]).float().mean()),
+                         "per_sequence": vals.mean(0).tolist()}
+        return out
+
+    key = None if cache is None or not cache.enabled else {
+        "what": "estimator_spread", "model": module_sha256(model), "tokens": tensor_sha256(tokens_BL),
+        "maskable": None if maskable_BL is None else tensor_sha256(maskable_BL), "estimators": list(ESTIMATOR_FNS),
+        "n_samples": int(n_samples), "repeats": int(repeats), "seed": int(seed)}
+    return cached_record(cache, key, compute)
 
 
 def perturb_grids(grids: np.ndarray, n_swaps: int, rng) -> np.ndarray:
@@ -100,25 +110,33 @@ def perturb_grids(grids: np.ndarray, n_swaps: int, rng) -> np.ndarray:
 
 
 def ratio_spread(model: MaskedModel, x_BL: torch.Tensor, y_BL: torch.Tensor, n_samples: int, repeats: int,
-                 estimator: str = "time_free_harmonic", seed: int = 0) -> dict:
+                 estimator: str = "time_free_harmonic", seed: int = 0, cache: EvalCache | None = None) -> dict:
     """Coupled vs decoupled estimates of log p(x) − log p(y) at equal NFE (2K passes per pair).
 
-    ``estimator`` is one of `mimdm.evaluation.likelihood.ESTIMATORS` (default: time-free, harmonic mask sizes).
+    ``estimator`` is one of `mimdm.evaluation.likelihood.ESTIMATORS` (default: time-free, harmonic mask sizes);
+    ``cache``: reuse the stored result of the same model, pairs, draws, repeats and seed
+    (`mimdm.evaluation.evalcache.cached_record`).
 
     Returns per version the mean log-ratio (nats), per-draw variance (nats²) and the std of the estimate
     across ``repeats`` (nats), and the variance ratio decoupled / coupled.
     """
-    out = {}
-    for name, coupled in (("coupled", True), ("decoupled", False)):
-        ests = [log_likelihood_ratio(model, x_BL, y_BL, n_samples, coupled=coupled, estimator=estimator,
-                                     seed=seed + 104729 * r) for r in range(repeats)]
-        vals = torch.stack([e.value for e in ests])
-        draws = torch.cat([e.draws for e in ests], 1)
-        out[name] = {"mean_log_ratio": float(vals.mean()), "per_draw_variance": float(draws.var(1).mean()),
-                     "estimate_std": float(vals.std(0).mean()), "nfe": float(ests[0].nfe.float().mean()),
-                     "per_pair": vals.mean(0).tolist()}
-    out["variance_ratio"] = out["decoupled"]["per_draw_variance"] / out["coupled"]["per_draw_variance"]
-    return out
+    def compute():
+        out = {}
+        for name, coupled in (("coupled", True), ("decoupled", False)):
+            ests = [log_likelihood_ratio(model, x_BL, y_BL, n_samples, coupled=coupled, estimator=estimator,
+                                         seed=seed + 104729 * r) for r in range(repeats)]
+            vals = torch.stack([e.value for e in ests])
+            draws = torch.cat([e.draws for e in ests], 1)
+            out[name] = {"mean_log_ratio": float(vals.mean()), "per_draw_variance": float(draws.var(1).mean()),
+                         "estimate_std": float(vals.std(0).mean()), "nfe": float(ests[0].nfe.float().mean()),
+                         "per_pair": vals.mean(0).tolist()}
+        out["variance_ratio"] = out["decoupled"]["per_draw_variance"] / out["coupled"]["per_draw_variance"]
+        return out
+
+    key = None if cache is None or not cache.enabled else {
+        "what": "ratio_spread", "model": module_sha256(model), "x": tensor_sha256(x_BL), "y": tensor_sha256(y_BL),
+        "estimator": estimator, "n_samples": int(n_samples), "repeats": int(repeats), "seed": int(seed)}
+    return cached_record(cache, key, compute)
 
 
 def conditional_nll(model: MaskedModel, out_tokens: torch.Tensor, context_tokens: torch.Tensor, n_samples: int = 32,
