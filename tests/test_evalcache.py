@@ -143,6 +143,21 @@ def test_sweep_through_the_cache_gives_the_same_rows(tiny, x, puzzles, tmp_path)
     assert cache.hits == 4 and seq["nfe"] == a[0]["nfe"]
 
 
+def test_sweep_without_warmup_decodes_only_to_time(tiny, x, puzzles, tmp_path, monkeypatch):
+    cache = EvalCache("t", root=tmp_path)
+    rules = [("sequential", math.nan, Sequential("confidence")), ("EB-sampler", 1.0, EBSampler(1.0))]
+    score = lambda t: sp.score_solving(t, puzzles, per_item=True)  # noqa: E731
+    sp.sweep(tiny, x, rules, score, cache=cache, timing_items=2)  # fills the cache
+    calls = []
+    real = sp.decode
+    monkeypatch.setattr(sp, "decode", lambda m, t, *a, **k: calls.append(len(t)) or real(m, t, *a, **k))
+    sp.sweep(tiny, x, rules, score, cache=cache, timing_items=2)
+    assert calls == [2, 2, 2]  # warm-up, then each rule timed on 2 of 4 (outcomes from the cache)
+    calls.clear()
+    rows = sp.sweep(tiny, x, rules, score, cache=cache, timing_items=2, warmup=False)
+    assert calls == [2, 2] and [r["timed_items"] for r in rows] == [2, 2]
+
+
 def test_rule_from_key_inverts_rule_key():
     from mimdm.sampling.decoding import Threshold, TopK
 

@@ -822,14 +822,17 @@ def matched_infilling(rows: list[dict], tolerance: float = 0.01) -> list[dict]:
 
 
 def aligned_decoding_study(model, head, positions: AlignedPositions, family: FamilyData, profile, seed: int = 0,
-                           knobs: dict | None = None, layer: int = -1, progress: bool = False, cache=None) -> dict:
+                           knobs: dict | None = None, layer: int = -1, progress: bool = False, cache=None,
+                           timing_items: int = 8) -> dict:
     """Infilling and generation on aligned columns with every rule (chapter 5's, plus the MI-oracle on a subset).
 
     Infilling: ``profile.protein_infill`` held-out rows with 30-70% of columns masked, argmax values.
     Generation: ``profile.protein_generate`` rows from all-masked, temperature 1; the MI-oracle decodes the
     first ``max(2, profile.protein_generate // 8)`` of them. Quality: `aligned_infill_score`,
     `aligned_generation_score` (HMM from the training split; threshold: 5th percentile of validation members).
-    ``cache``: a `mimdm.evaluation.evalcache.EvalCache` through which every decode and NLL estimate goes (None: none).
+    ``cache``: a `mimdm.evaluation.evalcache.EvalCache` through which every decode and NLL estimate goes (None: none);
+    with a cache, each rule's wall-clock is measured in this run on the first ``timing_items`` rows of each task
+    (`mimdm.experiments.speedup.sweep`; 8 by default, so the chapter fits the book's time), NFE and quality on all.
 
     Returns:
         ``{"infilling", "generation", "oracle_generation" (sweep rows without per-item arrays), "matched_infilling",
@@ -848,10 +851,12 @@ def aligned_decoding_study(model, head, positions: AlignedPositions, family: Fam
     rules = [r for r in rule_grid(head, layer, knobs=k) if r[0] != "MI-oracle"]
     inf_score = aligned_infill_score(model, truth, masks, hmm, thr, profile.nll_draws, seed, cache)
     gen_score = aligned_generation_score(model, hmm, thr, train_seqs, profile.nll_draws, seed, cache)
-    rows_inf = sweep(model, inf_tok, rules, inf_score, temperature=0.0, seed=seed, progress=progress, cache=cache)
+    rows_inf = sweep(model, inf_tok, rules, inf_score, temperature=0.0, seed=seed, progress=progress, cache=cache,
+                     timing_items=timing_items)
     rows_gen, kept = [], []  # kept[i]: (de-gapped rows, novelty) of rows_gen[i]
-    for rule in rules:
-        rows_gen += sweep(model, gen_tok, [rule], gen_score, temperature=1.0, seed=seed, cache=cache)
+    for i, rule in enumerate(rules):
+        rows_gen += sweep(model, gen_tok, [rule], gen_score, temperature=1.0, seed=seed, cache=cache,
+                          timing_items=timing_items, warmup=i == 0)
         kept.append((list(gen_score.last), gen_score.novelty.copy()))
     for rows in (rows_inf, rows_gen):
         for r, rule in zip(rows, rules):

@@ -306,13 +306,15 @@ TIMING_ITEMS = 32
 
 
 def sweep(model: MaskedModel, tokens: torch.Tensor, rules, score, temperature: float = 0.0, seed: int = 0,
-          progress: bool = False, cache: EvalCache | None = None, timing_items: int = TIMING_ITEMS) -> list[dict]:
+          progress: bool = False, cache: EvalCache | None = None, timing_items: int = TIMING_ITEMS,
+          warmup: bool = True) -> list[dict]:
     """Decode ``tokens`` with every rule; ``score(out_tokens) -> dict`` of quality numbers.
 
     With a ``cache`` (`mimdm.evaluation.evalcache`), decodes come from it when stored and wall-clock is measured in this run,
     for every rule on the same first ``timing_items`` sequences (an uncached decode of those, after one untimed
     warm-up; a decode computed now on no more sequences is its own timing), so that the seconds of all rows of a sweep are comparable whatever run computed their outcomes.
-    Without a cache, seconds are those of the full decode.
+    Without a cache, seconds are those of the full decode. ``warmup``: one untimed decode of two sequences first (False
+    when the caller has just run one, e.g. sweeping rule by rule).
 
     Returns rows ``{"rule", "knob", "entropy_cap", "mi_budget", "nfe", "nfe_items", "head_passes", "probe_passes",
     "seconds", "timed_items", "computed", **quality}`` (NFE and extra passes per sequence, seconds per sequence over
@@ -330,7 +332,8 @@ def sweep(model: MaskedModel, tokens: torch.Tensor, rules, score, temperature: f
     rows = []
     n = len(tokens)
     n_time = n if cache is None else min(n, timing_items)
-    decode(model, tokens[:2], rules[0][2], temperature=temperature, seed=seed)  # warm-up, untimed
+    if warmup:
+        decode(model, tokens[:2], rules[0][2], temperature=temperature, seed=seed)  # warm-up, untimed
     for name, knob, rule in tqdm(rules, desc="decode sweep", disable=not progress):
         out, prov = cached_decode(cache, model, tokens, rule, temperature=temperature, seed=seed)
         fresh = cache is None or (prov is None and n_time == n)  # decoded now, on exactly the timed sequences
