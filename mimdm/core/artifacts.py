@@ -70,7 +70,7 @@ def atomic_save(obj, path: Path) -> None:
     """``torch.save`` to a temporary file of its own and rename, so an interrupted save never leaves a torn file and
     two writers never share a temporary file; then record the file's sha256 in `sidecar_path` (checked by
     `verify_file` and `load_checkpoint`, so bytes changed after the save are caught). The rename and the record happen
-    under a `file_lock` on a hidden ``.<name>.lock`` beside the file, so concurrent writers leave one intact pair."""
+    under an exclusive ``flock`` on the folder, so concurrent writers leave one intact pair."""
     import tempfile
 
     path = Path(path)
@@ -80,11 +80,15 @@ def atomic_save(obj, path: Path) -> None:
     try:
         torch.save(obj, tmp)
         digest = file_sha256(Path(tmp))
-        # the rename and the digest's record happen under one lock, so two writers never pair one's file with the
-        # other's digest
-        with file_lock(path.parent / f".{path.name}.lock"):
+        # the rename and the digest's record happen under one lock (on the folder: no lock file left behind), so two
+        # writers never pair one's file with the other's digest
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            fcntl.flock(dir_fd, fcntl.LOCK_EX)
             os.replace(tmp, path)
             atomic_write_text(sidecar_path(path), f"{digest}  {path.name}\n")
+        finally:
+            os.close(dir_fd)  # releases the lock
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
