@@ -153,3 +153,19 @@ def test_adopted_long_run_is_the_zoo_model_of_its_configuration(tmp_path):
                                         curriculum=SMALL_POOL)
     for (k, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
         assert torch.equal(a, b), k
+
+
+def test_run_curves_reads_each_committed_run_in_order(tmp_path):
+    from mimdm.pipelines.long_run import RUNS, run_curves
+
+    (tmp_path / RUNS["relation"][1]).mkdir()
+    (tmp_path / RUNS["relation"][1] / "config.json").write_text(json.dumps({"model": {"d_model": 8}, "train": {"steps": 5}}))
+    (tmp_path / RUNS["relation"][1] / "curve.jsonl").write_text('{"step": 1, "solve_30_35": 0.5}\n\n{"step": 2, "solve_30_35": 0.75}\n')
+    (tmp_path / RUNS["long"][1]).mkdir()  # a folder without a curve is left out
+    (tmp_path / RUNS["long"][1] / "config.json").write_text(json.dumps({"model": {}, "train": {"steps": 1}}))
+    assert run_curves(tmp_path) == {"relation": {"model": {"d_model": 8}, "steps": 5, "curve": [
+        {"step": 1, "solve_30_35": 0.5}, {"step": 2, "solve_30_35": 0.75}]}}
+    committed = run_curves()
+    assert list(committed) == ["long", "relation"]
+    assert committed["relation"]["model"]["relation_bias"] and not committed["long"]["model"].get("relation_bias")
+    assert committed["long"]["curve"][-1]["step"] == committed["long"]["steps"] == 24_000

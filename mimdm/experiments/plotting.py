@@ -138,6 +138,22 @@ def plot_unmask_steps(step_of_81, ax=None, title: str = ""):
     return ax
 
 
+def plot_run_curves(runs: dict, ax=None):
+    """Solve rates (%) against training examples seen (millions) of several runs (`mimdm.pipelines.long_run.run_curves`):
+    30-35 clues solid, 24-26 clues dashed, one colour per run."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.6))
+    for i, (name, run) in enumerate(runs.items()):
+        c = pd.DataFrame(run["curve"])
+        ax.plot(c.examples_seen / 1e6, 100 * c.solve_30_35, "o-", ms=3, color=f"C{i}", label=f"{name}: 30-35 clues")
+        ax.plot(c.examples_seen / 1e6, 100 * c.solve_hard, "s--", ms=3, color=f"C{i}", label=f"{name}: 24-26 clues")
+    ax.set_xlabel("training examples seen (millions)")
+    ax.set_ylabel("solved (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7)
+    return ax
+
+
 def plot_training(log, curve, n_parameters: int, train_seconds: float, axes=None):
     """Two panels: training loss against step (``log``: rows with ``step``, ``loss``) with the uniform-guess level
     ln 9, and, if ``curve`` has rows (``examples_seen``, ``solve_30_35``, ``solve_hard``), the solve rates during

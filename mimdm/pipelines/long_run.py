@@ -46,8 +46,8 @@ def long_run_configs() -> tuple[SudokuMDMConfig, TrainConfig, CurriculumConfig]:
     The run was planned for 60,000 steps and re-planned to 24,000 at step 17,000 (``config.json``,
     ``extended``), before its decay had begun: the solve rates had stopped rising at the stable learning
     rate since about step 10,000 (``curve.jsonl``). Both plans give the same first 17,000 steps, so the
-    result is the model of this configuration trained in one go. The `cpu` profile trains this
-    configuration (`mimdm.app.profiles`)."""
+    result is the model of this configuration trained in one go. It was the `cpu` profile's configuration before
+    `relation_run_configs`."""
     model = SudokuMDMConfig.cpu()
     train = TrainConfig(steps=24_000, batch_size=64, lr=1.5e-3, warmup=1000, min_lr_ratio=0.1,
                         schedule="wsd", decay_frac=0.2, seed=2026, ckpt_every=500, log_every=100)
@@ -59,7 +59,8 @@ def relation_run_configs() -> tuple[SudokuMDMConfig, TrainConfig, CurriculumConf
     """The long run's recipe on the `cpu` architecture with a relation attention bias
     (``SudokuMDMConfig.relation_bias``; 80 more parameters), over 12,000 steps (768K examples): the
     same batch, learning rate, WSD schedule (last 20% decay), seed and curriculum as `long_run_configs`, so
-    its curve compares step for step with the long run's."""
+    its curve compares step for step with the long run's. The `cpu` profile trains this configuration
+    (`mimdm.app.profiles`)."""
     model = SudokuMDMConfig(d_model=128, n_layers=5, n_heads=4, d_ff=512, relation_bias=True)
     train = TrainConfig(steps=12_000, batch_size=64, lr=1.5e-3, warmup=1000, min_lr_ratio=0.1,
                         schedule="wsd", decay_frac=0.2, seed=2026, ckpt_every=500, log_every=100)
@@ -77,6 +78,29 @@ def read_curve(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_curves(root: Path | None = None) -> dict[str, dict]:
+    """The solve-rate curves of the committed long runs (`RUNS`), for comparing their recipes.
+
+    Args:
+        root: the folder holding the runs' folders (default: the repository's ``checkpoints/``).
+
+    Returns:
+        ``{run name: {"model": model config dict, "steps": planned steps, "curve": `read_curve` rows}}`` for each run
+        whose folder has a ``config.json`` and a non-empty ``curve.jsonl``, in `RUNS` order.
+    """
+    from mimdm.core.artifacts import REPO_ROOT
+
+    root = Path(root) if root is not None else REPO_ROOT / "checkpoints"
+    out = {}
+    for name, (_, folder) in RUNS.items():
+        d = root / folder
+        curve = read_curve(d / "curve.jsonl")
+        if curve and (d / "config.json").is_file():
+            cfg = json.loads((d / "config.json").read_text())
+            out[name] = {"model": cfg["model"], "steps": cfg["train"]["steps"], "curve": curve}
+    return out
 
 
 def solve_rate_on(model: SudokuMDM, puzzles: list[sd.Puzzle]) -> float:
@@ -276,4 +300,5 @@ def adopt(state_dir: Path, n_eval: int, root: Path | None = None) -> Path:
     return d / "model.pt"
 
 
-__all__ = ["EVAL_SETS", "RUNS", "adopt", "long_run_configs", "relation_run_configs", "read_curve", "run_long_training", "solve_rate_on"]
+__all__ = ["EVAL_SETS", "RUNS", "adopt", "long_run_configs", "relation_run_configs", "read_curve", "run_curves",
+           "run_long_training", "solve_rate_on"]
