@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mimdm.core.artifacts import atomic_save, git_commit, load_checkpoint
+from mimdm.core.artifacts import REPO_ROOT, atomic_save, git_commit, load_checkpoint
 from mimdm.data import sudoku as sd
 from mimdm.data.curriculum import CurriculumConfig, curriculum_batch, load_or_build_pool
 from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
@@ -90,8 +90,6 @@ def run_curves(root: Path | None = None) -> dict[str, dict]:
         ``{run name: {"model": model config dict, "steps": planned steps, "curve": `read_curve` rows}}`` for each run
         whose folder has a ``config.json`` and a non-empty ``curve.jsonl``, in `RUNS` order.
     """
-    from mimdm.core.artifacts import REPO_ROOT
-
     root = Path(root) if root is not None else REPO_ROOT / "checkpoints"
     out = {}
     for name, (_, folder) in RUNS.items():
