@@ -1,13 +1,14 @@
 #!/usr/bin/env python
 """Start or continue the long `cpu` Sudoku MDM run (issue 20), resumable across sessions.
 
-Trains one of `mimdm.pipelines.long_run.RUNS` (``--run long``: `long_run_configs`, the shipped `cpu` model;
-``--run relation``: `relation_run_configs`) in ``--state-dir`` (default ``checkpoints/sudoku_cpu_long`` or
-``checkpoints/sudoku_cpu_relation``), checkpointing ``state.pt`` atomically every 500 steps and
+Trains one of `mimdm.pipelines.long_run.RUNS` (``--run long``: `long_run_configs`; ``--run relation``:
+`relation_run_configs`, the shipped `cpu` model; ``--run relation24``: the same over 24,000 steps) in
+``--state-dir`` (default ``checkpoints/<the run's folder>``: ``sudoku_cpu_long``, ``sudoku_cpu_relation`` or
+``sudoku_cpu_relation24``), checkpointing ``state.pt`` atomically every 500 steps and
 appending the solve-rate curve to ``curve.jsonl`` every ``--eval-every`` steps. Run it again with
 the same arguments to continue exactly where it stopped. Example (low priority, one core):
 
-    nice -n 19 .venv/bin/python scripts/train_sudoku_long.py --threads 1 --hours 2.5
+    nice -n 19 .venv/bin/python scripts/train_sudoku_long.py --run relation24 --threads 1 --hours 2.5
 """
 from __future__ import annotations
 

@@ -166,6 +166,17 @@ def test_run_curves_reads_each_committed_run_in_order(tmp_path):
     assert run_curves(tmp_path) == {"relation": {"model": {"d_model": 8}, "steps": 5, "curve": [
         {"step": 1, "solve_30_35": 0.5}, {"step": 2, "solve_30_35": 0.75}]}}
     committed = run_curves()
-    assert list(committed) == ["long", "relation"]
+    assert list(committed)[:2] == ["long", "relation"] and set(committed) <= set(RUNS)
     assert committed["relation"]["model"]["relation_bias"] and not committed["long"]["model"].get("relation_bias")
     assert committed["long"]["curve"][-1]["step"] == committed["long"]["steps"] == 24_000
+
+
+def test_relation24_is_the_relation_run_planned_twice_as_long():
+    from dataclasses import replace
+
+    from mimdm.pipelines.long_run import RUNS, relation24_run_configs, relation_run_configs
+
+    (m24, t24, c24), (m, t, c) = relation24_run_configs(), relation_run_configs()
+    assert (m24, c24, replace(t24, steps=t.steps)) == (m, c, t)
+    assert t24.steps == 24_000 and t24.decay_start() == 19_200 and t.decay_start() == 9_600
+    assert RUNS["relation24"] == (relation24_run_configs, "sudoku_cpu_relation24")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -68,8 +69,17 @@ def relation_run_configs() -> tuple[SudokuMDMConfig, TrainConfig, CurriculumConf
     return model, train, curriculum
 
 
+def relation24_run_configs() -> tuple[SudokuMDMConfig, TrainConfig, CurriculumConfig]:
+    """`relation_run_configs` planned over 24,000 steps (1.54M examples, the long run's length): the same model,
+    batch, learning rate, seed and curriculum, so its first 9,600 steps (the 12,000-step run's stable phase)
+    repeat that run's; its decay starts at step 19,200."""
+    model, train, curriculum = relation_run_configs()
+    return model, replace(train, steps=24_000), curriculum
+
+
 #: The runs `scripts/train_sudoku_long.py` knows: name -> (configs, default folder under ``checkpoints/``).
-RUNS = {"long": (long_run_configs, "sudoku_cpu_long"), "relation": (relation_run_configs, "sudoku_cpu_relation")}
+RUNS = {"long": (long_run_configs, "sudoku_cpu_long"), "relation": (relation_run_configs, "sudoku_cpu_relation"),
+        "relation24": (relation24_run_configs, "sudoku_cpu_relation24")}
 
 
 def read_curve(path: Path) -> list[dict]:
@@ -298,5 +308,5 @@ def adopt(state_dir: Path, n_eval: int, root: Path | None = None) -> Path:
     return d / "model.pt"
 
 
-__all__ = ["EVAL_SETS", "RUNS", "adopt", "long_run_configs", "relation_run_configs", "read_curve", "run_curves",
-           "run_long_training", "solve_rate_on"]
+__all__ = ["EVAL_SETS", "RUNS", "adopt", "long_run_configs", "relation24_run_configs", "relation_run_configs",
+           "read_curve", "run_curves", "run_long_training", "solve_rate_on"]
