@@ -163,12 +163,12 @@ def test_run_curves_reads_each_committed_run_in_order(tmp_path):
     (tmp_path / RUNS["relation"][1] / "curve.jsonl").write_text('{"step": 1, "solve_30_35": 0.5}\n\n{"step": 2, "solve_30_35": 0.75}\n')
     (tmp_path / RUNS["long"][1]).mkdir()  # a folder without a curve is left out
     (tmp_path / RUNS["long"][1] / "config.json").write_text(json.dumps({"model": {}, "train": {"steps": 1}}))
-    assert run_curves(tmp_path) == {"relation": {"model": {"d_model": 8}, "steps": 5, "curve": [
+    assert run_curves(tmp_path) == {"relation": {"model": {"d_model": 8}, "steps": 5, "done": False, "curve": [
         {"step": 1, "solve_30_35": 0.5}, {"step": 2, "solve_30_35": 0.75}]}}
     committed = run_curves()
     assert list(committed)[:2] == ["long", "relation"] and set(committed) <= set(RUNS)
     assert committed["relation"]["model"]["relation_bias"] and not committed["long"]["model"].get("relation_bias")
-    assert committed["long"]["curve"][-1]["step"] == committed["long"]["steps"] == 24_000
+    assert committed["long"]["curve"][-1]["step"] == committed["long"]["steps"] == 24_000 and committed["long"]["done"]
 
 
 def test_relation24_is_the_relation_run_planned_twice_as_long():

@@ -97,8 +97,9 @@ def run_curves(root: Path | None = None) -> dict[str, dict]:
         root: the folder holding the runs' folders (default: the repository's ``checkpoints/``).
 
     Returns:
-        ``{run name: {"model": model config dict, "steps": planned steps, "curve": `read_curve` rows}}`` for each run
-        whose folder has a ``config.json`` and a non-empty ``curve.jsonl``, in `RUNS` order.
+        ``{run name: {"model": model config dict, "steps": planned steps, "done": whether the curve reached them,
+        "curve": `read_curve` rows}}`` for each run whose folder has a ``config.json`` and a non-empty ``curve.jsonl``,
+        in `RUNS` order (a run still in progress has ``done`` False).
     """
     root = Path(root) if root is not None else REPO_ROOT / "checkpoints"
     out = {}
@@ -107,7 +108,8 @@ def run_curves(root: Path | None = None) -> dict[str, dict]:
         curve = read_curve(d / "curve.jsonl")
         if curve and (d / "config.json").is_file():
             cfg = json.loads((d / "config.json").read_text())
-            out[name] = {"model": cfg["model"], "steps": cfg["train"]["steps"], "curve": curve}
+            steps = cfg["train"]["steps"]
+            out[name] = {"model": cfg["model"], "steps": steps, "done": curve[-1]["step"] >= steps, "curve": curve}
     return out
 
 
