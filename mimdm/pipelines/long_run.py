@@ -71,8 +71,9 @@ def relation_run_configs() -> tuple[SudokuMDMConfig, TrainConfig, CurriculumConf
 
 def relation24_run_configs() -> tuple[SudokuMDMConfig, TrainConfig, CurriculumConfig]:
     """`relation_run_configs` planned over 24,000 steps (1.54M examples, the long run's length): the same model,
-    batch, learning rate, seed and curriculum, so its first 9,600 steps (the 12,000-step run's stable phase)
-    repeat that run's; its decay starts at step 19,200."""
+    batch, learning rate, seed and curriculum, so its first 9,600 steps (the 12,000-step run's stable phase) have
+    that run's data and learning rates (the weights agree up to floating-point differences, e.g. of the thread
+    count, which grow over training); its decay starts at step 19,200."""
     model, train, curriculum = relation_run_configs()
     return model, replace(train, steps=24_000), curriculum
 
