@@ -403,3 +403,26 @@ def test_sweep_figures_draw_each_rule_in_its_colour_with_its_frontier():
     assert len(bars) == 3 and bars[1].lines[0].get_color() == RULE_COLORS["MI-guided"]
     assert list(bars[1].lines[0].get_xdata()) == [12.0] and list(bars[1].lines[0].get_ydata()) == [0.85]
     plt.close("all")
+
+
+def test_book_table_shows_short_headers_intervals_and_missing_values():
+    import re
+
+    from mimdm.experiments.plotting import book_table
+
+    rows = [{"rule": "sequential", "knob": None, "entropy_cap": float("nan"), "solve_rate": 0.803,
+             "solve_rate_ci_low": 0.777, "solve_rate_ci_high": 0.8264, "nfe": 56.14, "n": 1000},
+            {"rule": "MI-guided", "knob": 0.0001, "entropy_cap": 0.3, "solve_rate": 0.787,
+             "solve_rate_ci_low": float("nan"), "solve_rate_ci_high": 0.8, "nfe": 10.8, "n": 1000}]
+    t = book_table(rows, ["rule", "knob", "entropy_cap", "solve_rate", "nfe", "n"],
+                   {"solve_rate": ("solve_rate_ci_low", "solve_rate_ci_high")})
+    cells = re.findall(r">([^<>]*)</t[dh]>", t.to_html())
+    assert cells == ["rule", "knob", "cap (nats)", "solved", "NFE", "n",
+                     "sequential", "–", "–", "0.803 (0.777–0.826)", "56.1", "1000",
+                     "MI-guided", "0.0001", "0.3", "0.787", "10.8", "1000"]
+    assert "row_heading" not in t.to_html()  # no index column
+    assert list(book_table(rows, digits=2).data.columns)[:4] == ["rule", "knob", "cap (nats)", "solved"]
+    with pytest.raises(KeyError, match="nfe_reduction"):
+        book_table(rows, ["rule", "nfe_reduction"])
+    with pytest.raises(KeyError, match="paired_ci_low"):
+        book_table(rows, ["rule"], {"solve_rate": ("paired_ci_low", "solve_rate_ci_high")})

@@ -1,4 +1,4 @@
-"""Figures of the study (matplotlib)."""
+"""Figures (matplotlib) and tables of the study."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -55,6 +55,60 @@ RULE_COLORS = {"sequential": "black", "top-k": "#1f77b4", "threshold": "#ff7f0e"
 METRIC_LABELS = {"solve_rate": "puzzles solved (fraction)", "valid_rate": "valid grids (fraction)",
                  "nll": "NLL (nats per grid)", "bit_score": "HMM bit score (bits)",
                  "recovery": "recovery of masked positions (fraction)", "nfe": "mean NFE (forward passes)"}
+
+
+#: Short headers of the book's tables (`book_table`); other columns keep their name with spaces for underscores.
+TABLE_LABELS = {"entropy_cap": "cap (nats)", "mi_budget": "MI budget", "solve_rate": "solved", "valid_rate": "valid",
+                "nfe": "NFE", "nfe_reduction": "NFE ×", "wallclock_reduction": "wall-clock ×",
+                "paired_difference": "Δ vs sequential", "mcnemar_p": "McNemar p", "neg_nll": "−NLL (nats)",
+                "dev_nfe": "NFE (dev)", "dev_solve_rate": "solved (dev)", "nfe_budget": "NFE budget",
+                "head_passes": "head passes", "probe_passes": "probing passes", "eps": "ε (nats)",
+                "head_solve_rate": "solved, head", "oracle_solve_rate": "solved, oracle", "head_nfe": "NFE, head",
+                "oracle_nfe": "NFE, oracle", "solve_rate_gap": "solved gap", "nfe_gap": "NFE gap"}
+
+
+def book_table(rows, columns=None, intervals: dict | None = None, digits: int = 3, missing: str = "–"):
+    """A compact table for the book: no index, short headers (`TABLE_LABELS`), numbers to ``digits`` significant
+    digits, intervals in the value's cell, missing values shown as ``missing``.
+
+    Args:
+        rows: a DataFrame or a list of dicts.
+        columns: the columns to show, in order (default: all).
+        intervals: ``{column: (low column, high column)}``: the cell becomes ``"v (low–high)"`` and the two bound
+            columns are left out (a missing bound leaves ``v`` alone).
+        digits: significant digits of floats (0.00012 stays 0.00012, 56.14 shows 56.1).
+        missing: what None and NaN show as (e.g. a rule without a knob, a budget a rule never reaches).
+
+    Returns:
+        A pandas ``Styler`` (rendered as an HTML table by Jupyter); its ``.data`` holds the shown columns under
+        their headers, intervals already as text.
+
+    Raises:
+        KeyError: a named column (or interval bound) is not in ``rows``.
+    """
+    df = pd.DataFrame(rows)
+    intervals = intervals or {}
+    bounds = [b for lo_hi in intervals.values() for b in lo_hi]
+    want = list(df.columns) if columns is None else list(columns)
+    absent = [c for c in dict.fromkeys(want + list(intervals) + bounds) if c not in df.columns]
+    if absent:
+        raise KeyError(f"book_table: no column(s) {absent} (have {list(df.columns)})")
+
+    def cell(x):
+        if x is None or (isinstance(x, (float, np.floating)) and np.isnan(x)):
+            return missing
+        if isinstance(x, (float, np.floating)):
+            return f"{x:.{digits}g}"
+        return x
+
+    df = df.astype(object)
+    for col, (lo, hi) in intervals.items():
+        df[col] = [cell(v) if missing in (cell(v), cell(a), cell(b)) else f"{cell(v)} ({cell(a)}–{cell(b)})"
+                   for v, a, b in zip(df[col], df[lo], df[hi])]
+    df = df[[c for c in want if c not in set(bounds)]]
+    df = df.rename(columns=lambda c: TABLE_LABELS.get(c, str(c).replace("_", " ")))
+    return (df.style.hide(axis="index").format(cell)
+            .set_table_styles([{"selector": "th, td", "props": [("padding", "0.15em 0.7em"), ("text-align", "left")]}]))
 
 
 def rule_color(name: str) -> str:
