@@ -135,7 +135,7 @@ def test_sweep_through_the_cache_gives_the_same_rows(tiny, x, puzzles, tmp_path)
     assert [r["timed_items"] for r in plain + a] == [4] * 3 + [2] * 3  # a cached sweep times every rule now
     for p, q, r in zip(plain, a, b):
         for k in p:
-            if k not in ("seconds", "computed", "timed_items"):
+            if k not in ("seconds", "seconds_rounds", "computed", "timed_items"):
                 same = (lambda u, v: np.array_equal(u, v, equal_nan=True)) if isinstance(p[k], (float, np.ndarray)) \
                     else (lambda u, v: u == v)
                 assert same(p[k], q[k]) and same(q[k], r[k]), k
@@ -156,6 +156,30 @@ def test_sweep_without_warmup_decodes_only_to_time(tiny, x, puzzles, tmp_path, m
     calls.clear()
     rows = sp.sweep(tiny, x, rules, score, cache=cache, timing_items=2, warmup=False)
     assert calls == [2, 2] and [r["timed_items"] for r in rows] == [2, 2]
+
+
+def test_sweep_times_in_interleaved_rounds_and_keeps_the_median(tiny, x, puzzles, tmp_path, monkeypatch):
+    cache = EvalCache("t", root=tmp_path)
+    rules = [("sequential", math.nan, Sequential("confidence")), ("EB-sampler", 1.0, EBSampler(1.0))]
+    score = lambda t: sp.score_solving(t, puzzles, per_item=True)  # noqa: E731
+    sp.sweep(tiny, x, rules, score, cache=cache, timing_items=2)  # fills the cache
+    clock = iter([5.0, 1.0, 3.0, 2.0, 4.0, 6.0])  # rounds: (seq 5, EB 1), (seq 3, EB 2), (seq 4, EB 6)
+    calls, real = [], sp.decode
+
+    def timed(m, t, rule, **k):
+        out = real(m, t, rule, **k)
+        calls.append(type(rule).__name__)
+        out.seconds = next(clock)
+        return out
+
+    monkeypatch.setattr(sp, "decode", timed)
+    rows = sp.sweep(tiny, x, rules, score, cache=cache, timing_items=2, warmup=False, timing_repeats=3)
+    assert calls == ["Sequential", "EBSampler"] * 3  # interleaved rounds, outcomes from the cache
+    assert [r["seconds"] for r in rows] == [4.0 / 2, 2.0 / 2]  # median round per rule, per timed sequence
+    assert [r["timing_repeats"] for r in rows] == [3, 3]
+    assert [r["seconds_rounds"] for r in rows] == [[2.5, 1.5, 2.0], [0.5, 1.0, 3.0]]
+    with pytest.raises(ValueError, match="timing_repeats"):
+        sp.sweep(tiny, x, rules, score, cache=cache, timing_repeats=0)
 
 
 def test_rule_from_key_inverts_rule_key():

@@ -320,6 +320,11 @@ def test_settings_chosen_on_dev_are_reported_on_held_out_items():
                                   {**test[2], "nfe_items": np.full(10, 15.0)}], "solve_rate")
     assert (nfe_rep[1]["nfe_reduction_ci_low"], nfe_rep[1]["nfe_reduction_ci_high"]) == (4.0, 4.0)
     assert "4.00× fewer passes than sequential decoding (paired 95% interval 4.00-4.00×)" in sp.held_out_verdict(nfe_rep)
+    assert math.isnan(rep[2]["wallclock_reduction_low"])  # rows without timing rounds
+    rounds = sp.report_held_out([{**test[0], "seconds_rounds": [0.6, 0.9, 0.3]},
+                                 {**test[2], "seconds_rounds": [0.3, 0.2, 0.3]}], "solve_rate")
+    assert (rounds[1]["wallclock_reduction_low"], rounds[1]["wallclock_reduction_high"]) == (1.0, 4.5)
+    assert "wall-clock 2.00× (median timing round; rounds 1.00-4.50×)" in sp.held_out_verdict(rounds)
     with pytest.raises(ValueError, match="per-item outcomes"):
         sp.report_held_out([row("sequential", nan, 60, 0.8)], "solve_rate")
     with pytest.raises(ValueError, match="sequential decoding as the reference"):

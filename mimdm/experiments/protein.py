@@ -27,6 +27,7 @@ from mimdm.experiments import mi_head as mh
 from mimdm.experiments.mi_head import load_or_train_head, protein_head_config_for
 from mimdm.experiments.speedup import (
     compare_at_budget,
+    drop_items,
     entropy_cap_of,
     matched_quality,
     mi_budget_of,
@@ -1042,8 +1043,7 @@ def raw_decoding_study(model, head, family: FamilyData, profile, seed: int = 0, 
 def _decoding_summary(rows_inf, rows_gen, kept, hmm, thr, family, rows_or, n_or) -> dict:
     mq_gen = matched_generation(rows_gen)
     mq_inf = matched_infilling(rows_inf)
-    strip = lambda rows: [{k2: v for k2, v in r.items() if k2 != "per_item" and not k2.endswith("_items")}  # noqa: E731
-                          for r in rows]
+    strip = lambda rows: [{k2: v for k2, v in r.items() if k2 != "per_item"} for r in drop_items(rows)]  # noqa: E731
     neg = [{**r, "neg_nll": -r["nll"]} for r in strip(rows_gen)]
     bud_gen = quality_at_budget(neg, "neg_nll", nfe_budgets(neg))
     bud_bits = quality_at_budget(neg, "bit_score", nfe_budgets(neg))
