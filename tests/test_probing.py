@@ -284,6 +284,16 @@ def test_correlation_values():
     assert c["mae"] == pytest.approx((1 + 2 + 3 + 4.5) / 4)
 
 
+def test_correlation_of_a_constant_array_is_nan_without_a_warning():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # scipy's ConstantInputWarning would fail the test
+        c = correlation([0.0, 0.0, 0.0, 0.0], [0.1, 0.3, 0.0, 0.2])
+    assert math.isnan(c["pearson"]) and math.isnan(c["spearman"])
+    assert c["mae"] == pytest.approx(0.15) and c["max_abs_error"] == pytest.approx(0.3) and c["n"] == 4
+
+
 def test_underdetermined_grids_yield_only_multi_completion_grids():
     from mimdm.probing.sudoku_mi import underdetermined_grids
 

@@ -76,7 +76,8 @@ def correlation(x, y) -> dict:
     """Pearson and Spearman correlation, MAE and max absolute error (units of the inputs) between two arrays.
 
     Both are flattened. Returns ``{"pearson", "spearman", "mae", "max_abs_error", "n"}`` (scipy.stats for the
-    correlations; NaN with fewer than 3 values, or with no values for the errors).
+    correlations; NaN with fewer than 3 values or when either array is constant, where a correlation is undefined;
+    NaN errors with no values).
 
     Raises:
         ValueError: the arrays hold different numbers of values.
@@ -84,9 +85,10 @@ def correlation(x, y) -> dict:
     x, y = as_numpy(x).ravel().astype(float), as_numpy(y).ravel().astype(float)
     if len(x) != len(y):
         raise ValueError(f"arrays differ in length: {len(x)} vs {len(y)}")
+    defined = len(x) > 2 and np.ptp(x) > 0 and np.ptp(y) > 0
     return {
-        "pearson": float(stats.pearsonr(x, y).statistic) if len(x) > 2 else float("nan"),
-        "spearman": float(stats.spearmanr(x, y).statistic) if len(x) > 2 else float("nan"),
+        "pearson": float(stats.pearsonr(x, y).statistic) if defined else float("nan"),
+        "spearman": float(stats.spearmanr(x, y).statistic) if defined else float("nan"),
         "mae": float(np.abs(x - y).mean()) if len(x) else float("nan"),
         "max_abs_error": float(np.abs(x - y).max()) if len(x) else float("nan"),
         "n": int(len(x)),
