@@ -118,7 +118,7 @@ def test_generated_puzzles_have_one_solution_in_the_clue_range():
         generated_puzzles(0, (28, 29))
 
 
-def test_run_chapter_runs_a_notebook_into_its_own_folder(tmp_path, monkeypatch):
+def test_run_chapter_runs_a_notebook_into_its_own_folder(tmp_path, monkeypatch, capfd):
     import os
 
     import nbformat
@@ -138,7 +138,10 @@ def test_run_chapter_runs_a_notebook_into_its_own_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("MIMDM_SHIPPED_ONLY", "cpu")  # inside `mimdm book`: lifted for the run, then restored
     nb.cells[1].source += "\nimport os\nassert 'MIMDM_SHIPPED_ONLY' not in os.environ"
     nbformat.write(nb, path)
+    capfd.readouterr()
     run = run_chapter(path, tmp_path / "out", {"profile": "smoke", "x": 7})
+    # the kernel's start-up warnings would be a cell output of the calling chapter
+    assert "WARNING" not in capfd.readouterr().err
     assert os.environ["MIMDM_SHIPPED_ONLY"] == "cpu"
     assert run["results"]["values"]["headline"] == {"x": 7} and run["results"]["profile"] == "smoke"
     assert run["results_path"] == (tmp_path / "out" / "results" / "smoke" / "toy.json").resolve()

@@ -68,8 +68,10 @@ def run_chapter(notebook: str | Path, out_dir: str | Path, parameters: dict, pro
     t0 = time.perf_counter()
     guard = os.environ.pop(shipped.ENV, None)  # a run on other inputs trains what they need (see the docstring)
     try:
+        # the kernel's start-up warnings (e.g. ipykernel's about TCP transport) go to this process's stderr,
+        # which inside a chapter is a cell output of the page that called this: only errors are logged
         pm.execute_notebook(str(nb), str(executed), parameters=params, cwd=str(nb.parent), kernel_name="python3",
-                            progress_bar=progress)
+                            progress_bar=progress, extra_arguments=["--IPKernelApp.log_level=ERROR"])
     finally:
         if guard is not None:
             os.environ[shipped.ENV] = guard
