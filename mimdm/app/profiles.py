@@ -15,7 +15,7 @@ from mimdm.models.potts import PottsMDMConfig
 from mimdm.models.sudoku import SudokuMDMConfig
 from mimdm.models.training import TrainConfig
 from mimdm.pipelines.labels import LabelConfig
-from mimdm.pipelines.long_run import relation_run_configs
+from mimdm.pipelines.long_run import relation24_run_configs
 from mimdm.pipelines.protein_zoo import ProteinMDMConfig
 
 
@@ -134,7 +134,7 @@ class Profile:
         return asdict(self)
 
 
-_RUN_MODEL, _RUN_TRAIN, _RUN_CURRICULUM = relation_run_configs()
+_RUN_MODEL, _RUN_TRAIN, _RUN_CURRICULUM = relation24_run_configs()
 
 PROFILES: dict[str, Profile] = {
     "smoke": Profile(
@@ -187,7 +187,7 @@ PROFILES: dict[str, Profile] = {
     "cpu": Profile(
         name="cpu",
         sudoku_model=_RUN_MODEL,  # with the relation attention bias
-        sudoku_train=_RUN_TRAIN,  # the committed resumable run (checkpoints/sudoku_cpu_relation), shipped
+        sudoku_train=_RUN_TRAIN,  # the committed resumable run (checkpoints/sudoku_cpu_relation24), shipped
         sudoku_curriculum=_RUN_CURRICULUM,
         solve_eval_puzzles=200,
         probe_contexts=8,

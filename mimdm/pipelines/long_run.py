@@ -60,8 +60,8 @@ def relation_run_configs() -> tuple[SudokuMDMConfig, TrainConfig, CurriculumConf
     """The long run's recipe on the `cpu` architecture with a relation attention bias
     (``SudokuMDMConfig.relation_bias``; 80 more parameters), over 12,000 steps (768K examples): the
     same batch, learning rate, WSD schedule (last 20% decay), seed and curriculum as `long_run_configs`, so
-    its curve compares step for step with the long run's. The `cpu` profile trains this configuration
-    (`mimdm.app.profiles`)."""
+    its curve compares step for step with the long run's; the `cpu` profile's model until `relation24_run_configs`
+    replaced it."""
     model = SudokuMDMConfig(d_model=128, n_layers=5, n_heads=4, d_ff=512, relation_bias=True)
     train = TrainConfig(steps=12_000, batch_size=64, lr=1.5e-3, warmup=1000, min_lr_ratio=0.1,
                         schedule="wsd", decay_frac=0.2, seed=2026, ckpt_every=500, log_every=100)
@@ -73,7 +73,8 @@ def relation24_run_configs() -> tuple[SudokuMDMConfig, TrainConfig, CurriculumCo
     """`relation_run_configs` planned over 24,000 steps (1.54M examples, the long run's length): the same model,
     batch, learning rate, seed and curriculum, so its first 9,600 steps (the 12,000-step run's stable phase) have
     that run's data and learning rates (the weights agree up to floating-point differences, e.g. of the thread
-    count, which grow over training); its decay starts at step 19,200."""
+    count, which grow over training); its decay starts at step 19,200. The `cpu` profile trains this configuration
+    (`mimdm.app.profiles`)."""
     model, train, curriculum = relation_run_configs()
     return model, replace(train, steps=24_000), curriculum
 
