@@ -128,7 +128,7 @@ def solve_rate_on(model: SudokuMDM, puzzles: list[sd.Puzzle]) -> float:
 _README = """# Long `cpu` Sudoku MDM run `{run}` (issue 20)
 
 A resumable training of a `cpu`-sized Sudoku MDM with a puzzle-mask curriculum and a
-warmup-stable-decay schedule (configs in `config.json`; code in `mimdm/models/long_run.py`).
+warmup-stable-decay schedule (configs in `config.json`; code in `mimdm/pipelines/long_run.py`).
 
 Resume (exactly: weights, optimiser, schedule, RNG and data position come from `state.pt`),
 from the repository root, at low priority on one core, for up to 2.5 hours:
@@ -208,8 +208,9 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
     else:
         cfg_path.write_text(json.dumps({**spec, "started_from_commit": git_commit(),
                                         "torch": torch.__version__}, indent=1) + "\n")
-    (state_dir / "README.md").write_text(_README.format(eval_every=eval_every, n=eval_puzzles, run=run)
-                                         + (_LONG_NOTE if run == "long" else ""))
+    if not (state_dir / "README.md").exists():  # written once: a finished run's README records its measurements
+        (state_dir / "README.md").write_text(_README.format(eval_every=eval_every, n=eval_puzzles, run=run)
+                                             + (_LONG_NOTE if run == "long" else ""))
 
     pool = load_or_build_pool(curriculum, state_dir / "puzzle_pool.npz", progress)
     sample = curriculum_batch(pool, curriculum.fraction)
