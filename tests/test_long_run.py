@@ -112,6 +112,7 @@ def test_long_run_interrupted_and_resumed_equals_uninterrupted(tmp_path):
     part = run_long_training(tmp_path / "b", TINY, cfg, SMALL_POOL, stop_after=4, **kw)
     assert [c["step"] for c in part] == [3]
     (tmp_path / "b" / "puzzle_pool.npz").unlink()  # rebuilt deterministically on resume
+    (tmp_path / "b" / "README.md").write_text("measured: kept\n")  # a run's README is written once, never replaced
     resumed = run_long_training(tmp_path / "b", TINY, cfg, SMALL_POOL, **kw)
     assert [c["step"] for c in full] == [3, 6] and [c["examples_seen"] for c in full] == [24, 48]
     strip = lambda curve: [{k: v for k, v in c.items() if k != "seconds"} for c in curve]  # noqa: E731
@@ -122,7 +123,8 @@ def test_long_run_interrupted_and_resumed_equals_uninterrupted(tmp_path):
         assert torch.equal(sa["model"][k], sb["model"][k]), k
     assert sa["numpy_rng"] == sb["numpy_rng"] and torch.equal(sa["torch_rng"], sb["torch_rng"])
     assert [e["loss"] for e in json.loads(sa["log"])] == [e["loss"] for e in json.loads(sb["log"])]
-    assert (tmp_path / "a" / "model.pt").exists() and (tmp_path / "b" / "README.md").exists()
+    assert (tmp_path / "a" / "model.pt").exists() and "state.pt" in (tmp_path / "a" / "README.md").read_text()
+    assert (tmp_path / "b" / "README.md").read_text() == "measured: kept\n"
     conf = json.loads((tmp_path / "a" / "config.json").read_text())
     assert conf["curriculum"] == SMALL_POOL.to_dict() and conf["train"]["schedule"] == "wsd"
     with pytest.raises(ValueError, match="another run"):
