@@ -182,3 +182,16 @@ def test_relation24_is_the_relation_run_planned_twice_as_long():
     assert (m24, c24, replace(t24, steps=t.steps)) == (m, c, t)
     assert t24.steps == 24_000 and t24.decay_start() == 19_200 and t.decay_start() == 9_600
     assert RUNS["relation24"] == (relation24_run_configs, "sudoku_cpu_relation24")
+
+
+def test_deep24_is_relation24_with_seven_layers():
+    from dataclasses import replace
+
+    from mimdm.models.sudoku import SudokuMDM
+    from mimdm.pipelines.long_run import RUNS, deep24_run_configs, relation24_run_configs
+
+    (md, td, cd), (m, t, c) = deep24_run_configs(), relation24_run_configs()
+    assert (replace(md, n_layers=m.n_layers), td, cd) == (m, t, c) and md.n_layers == 7 and m.n_layers == 5
+    assert RUNS["deep24"] == (deep24_run_configs, "sudoku_cpu_deep24")
+    n = SudokuMDM(md).n_parameters()
+    assert 1_380_000 < n < 1_400_000  # ~12 bytes each in state.pt (weights + two AdamW moments): under 20 MB
