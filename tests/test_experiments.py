@@ -54,6 +54,28 @@ def test_accuracy_of_perfect_and_shuffled_predictions():
     assert all(c["pred_mean"] == pytest.approx(c["true_mean"]) for c in cal)
 
 
+def test_error_by_pair_class_locates_the_error():
+    data = _fake_labels()
+    graph = sd.constraint_graph()
+    masked = (data["tokens"] == 9).numpy()
+    pred = data["mi"] * torch.from_numpy(graph)  # exact on pairs sharing a unit, 0 on the others
+    rows = {r["pair_class"]: r for r in mh.error_by_pair_class(
+        pred, data, 9, {"unit": graph, "other": ~graph & ~np.eye(81, dtype=bool), "all": ~np.eye(81, dtype=bool)})}
+    iu = np.triu_indices(81, 1)
+    n_pairs = sum(int((m[iu[0]] & m[iu[1]]).sum()) for m in masked)
+    n_unit = sum(int((m[iu[0]] & m[iu[1]] & graph[iu]).sum()) for m in masked)
+    assert rows["unit"]["share_of_pairs"] == pytest.approx(n_unit / n_pairs)
+    assert rows["unit"]["share_of_pairs"] + rows["other"]["share_of_pairs"] == pytest.approx(1.0)
+    assert rows["unit"]["share_of_squared_error"] == 0 and rows["other"]["share_of_squared_error"] == pytest.approx(1.0)
+    assert rows["unit"]["pearson"] == pytest.approx(1.0)
+    assert rows["unit"]["pearson_if_exact"] == pytest.approx(rows["unit"]["pooled_pearson"])  # nothing left to fix there
+    assert rows["other"]["pearson_if_exact"] == pytest.approx(1.0) and rows["all"]["pearson_if_exact"] == pytest.approx(1.0)
+    assert rows["unit"]["pooled_pearson"] < 1 and rows["all"]["share_of_mi"] == pytest.approx(1.0)
+    lower = np.tril(np.ones((81, 81), dtype=bool), -1)
+    with pytest.raises(ValueError, match="symmetric"):
+        mh.error_by_pair_class(pred, data, 9, {"lower": lower})
+
+
 def test_constraint_recovery_of_graph_shaped_maps():
     data = _fake_labels()
     masked = data["tokens"] == 9

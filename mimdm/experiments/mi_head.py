@@ -137,6 +137,48 @@ def accuracy(pred: torch.Tensor, data: dict, mask_id: int, rate_bins=(0.0, 0.25,
             "by_rate": by_rate, "pred_pairs": p, "true_pairs": t}
 
 
+def error_by_pair_class(pred: torch.Tensor, data: dict, mask_id: int, classes: dict[str, np.ndarray]) -> list[dict]:
+    """Where the head's error lies: the masked pairs (i < j) of a label split, grouped by a fixed pair class.
+
+    Args:
+        pred: ``[N, L, L]`` predicted MI (nats), e.g. `predict_from_labels`.
+        data: the label split (``tokens [N, L]``, ``mi [N, L, L]`` probed MI in nats).
+        mask_id: the MDM's mask token id.
+        classes: ``{name: [L, L] bool}``, symmetric; a pair belongs to every class whose entry is True (on Sudoku,
+            e.g., the constraint graph `mimdm.data.sudoku.constraint_graph` and its complement).
+
+    Returns:
+        One row per class: ``{"pair_class", "share_of_pairs", "share_of_mi" (of the probed MI summed over masked
+        pairs), "share_of_squared_error", "pearson" (within the class), "pearson_if_exact"}``, the last being the
+        pooled Pearson over all masked pairs when the class's predictions are replaced by the probed values: the
+        accuracy the head would reach if it made no error on that class (1 for a class holding every pair).
+
+    Raises:
+        ValueError: a class matrix that is not ``[L, L]`` or not symmetric; shapes of ``pred`` and ``data["mi"]`` that
+            differ.
+    """
+    tokens, mi = data["tokens"], data["mi"]
+    if tuple(pred.shape) != tuple(mi.shape):
+        raise ValueError(f"pred {tuple(pred.shape)} and labels {tuple(mi.shape)} differ in shape")
+    L = tokens.shape[1]
+    masked = tokens == mask_id
+    p, t = _pairs(pred, masked).astype(float), _pairs(mi, masked).astype(float)
+    pooled = correlation(p, t)["pearson"]
+    rows = []
+    for name, cls in classes.items():
+        cls = np.asarray(cls, dtype=bool)
+        if cls.shape != (L, L) or not np.array_equal(cls, cls.T):
+            raise ValueError(f"pair class {name!r} must be a symmetric [{L}, {L}] bool matrix, got shape {cls.shape}")
+        sel = np.concatenate([pair_values(cls, masked[b]) for b in range(len(masked))]).astype(bool)
+        exact = np.where(sel, t, p)
+        se = (p - t) ** 2
+        rows.append({"pair_class": name, "share_of_pairs": float(sel.mean()), "share_of_mi": float(t[sel].sum() / t.sum()),
+                     "share_of_squared_error": float(se[sel].sum() / se.sum()),
+                     "pearson": correlation(p[sel], t[sel])["pearson"],
+                     "pearson_if_exact": correlation(exact, t)["pearson"], "pooled_pearson": pooled})
+    return rows
+
+
 def calibration(pred_pairs: np.ndarray, true_pairs: np.ndarray, n_bins: int = 12, floor: float = 1e-4) -> list[dict]:
     """Mean true MI in log-spaced bins of predicted MI (nats), plus one bin for predictions below ``floor``.
 
@@ -375,6 +417,19 @@ def estimator_findings_markdown(values: dict) -> str:
   {comp["no position pairs"]["pearson"]:.3f}, without the two-hop update {comp["no two-hop update"]["pearson"]:.3f},
   with the strict min-entropy bound {comp["min-entropy bound"]["pearson"]:.3f}, hidden-state pairs alone
   {comp["hidden-state pairs only"]["pearson"]:.3f}.
+''' + (_error_class_findings(values["error_by_pair_class"]) if "error_by_pair_class" in values else "")
+
+
+def _error_class_findings(rows: list[dict]) -> str:
+    parts = "; ".join(f'pairs that {r["pair_class"]}: {100 * r["share_of_pairs"]:.0f}% of the masked pairs, '
+                      f'{100 * r["share_of_mi"]:.0f}% of the probed MI, {100 * r["share_of_squared_error"]:.0f}% of the '
+                      f'squared error, Pearson {r["pearson"]:.3f} within them' for r in rows)
+    exact = ", ".join(f'exact on the pairs that {r["pair_class"]}, {r["pearson_if_exact"]:.4f}' for r in rows)
+    enough = [r["pair_class"] for r in rows if r["pearson_if_exact"] >= 0.95]
+    verdict = ("no single class reaches 0.95 when exact: the target needs the head to be nearly exact on all of them"
+               if not enough else f'exact on the pairs that {enough[0]} alone would reach 0.95')
+    return f'''- **Where the error is** (test pairs): {parts}. Pooled Pearson if the head were {exact}
+  (against {rows[0]["pooled_pearson"]:.3f} as it is): {verdict}.
 '''
 
 
