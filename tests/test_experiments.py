@@ -57,23 +57,51 @@ def test_accuracy_of_perfect_and_shuffled_predictions():
 def test_error_by_pair_class_locates_the_error():
     data = _fake_labels()
     graph = sd.constraint_graph()
+    other = ~graph & ~np.eye(81, dtype=bool)
     masked = (data["tokens"] == 9).numpy()
     pred = data["mi"] * torch.from_numpy(graph)  # exact on pairs sharing a unit, 0 on the others
     rows = {r["pair_class"]: r for r in mh.error_by_pair_class(
-        pred, data, 9, {"unit": graph, "other": ~graph & ~np.eye(81, dtype=bool), "all": ~np.eye(81, dtype=bool)})}
+        pred, data, 9, {"unit": graph, "other": other, "all": ~np.eye(81, dtype=bool)})}
     iu = np.triu_indices(81, 1)
-    n_pairs = sum(int((m[iu[0]] & m[iu[1]]).sum()) for m in masked)
-    n_unit = sum(int((m[iu[0]] & m[iu[1]] & graph[iu]).sum()) for m in masked)
+    mi = data["mi"].numpy()
+    n_pairs = n_unit = 0
+    mi_unit = mi_all = 0.0
+    for b, m in enumerate(masked):
+        both = m[iu[0]] & m[iu[1]]
+        n_pairs, n_unit = n_pairs + int(both.sum()), n_unit + int((both & graph[iu]).sum())
+        mi_all += float(mi[b][iu][both].sum())
+        mi_unit += float(mi[b][iu][both & graph[iu]].sum())
     assert rows["unit"]["share_of_pairs"] == pytest.approx(n_unit / n_pairs)
-    assert rows["unit"]["share_of_pairs"] + rows["other"]["share_of_pairs"] == pytest.approx(1.0)
+    assert rows["unit"]["share_of_mi"] == pytest.approx(mi_unit / mi_all)
+    assert rows["unit"]["share_of_mi"] + rows["other"]["share_of_mi"] == pytest.approx(1.0)
     assert rows["unit"]["share_of_squared_error"] == 0 and rows["other"]["share_of_squared_error"] == pytest.approx(1.0)
-    assert rows["unit"]["pearson"] == pytest.approx(1.0)
-    assert rows["unit"]["pearson_if_exact"] == pytest.approx(rows["unit"]["pooled_pearson"])  # nothing left to fix there
-    assert rows["other"]["pearson_if_exact"] == pytest.approx(1.0) and rows["all"]["pearson_if_exact"] == pytest.approx(1.0)
-    assert rows["unit"]["pooled_pearson"] < 1 and rows["all"]["share_of_mi"] == pytest.approx(1.0)
-    lower = np.tril(np.ones((81, 81), dtype=bool), -1)
-    with pytest.raises(ValueError, match="symmetric"):
-        mh.error_by_pair_class(pred, data, 9, {"lower": lower})
+    assert rows["unit"]["pearson"] == pytest.approx(1.0) and np.isnan(rows["other"]["pearson"])  # predictions all 0
+    pooled = mh.accuracy(pred, data, 9)["overall"]["pearson"]
+    assert pooled < 0.9999 and rows["unit"]["pearson_if_exact"] == pytest.approx(pooled)  # nothing left to fix there
+    assert rows["other"]["pearson_if_exact"] == pytest.approx(1.0)
+    exact = mh.error_by_pair_class(data["mi"], data, 9, {"unit": graph})[0]
+    assert np.isnan(exact["share_of_squared_error"]) and exact["pearson_if_exact"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="not symmetric"):
+        mh.error_by_pair_class(pred, data, 9, {"lower": np.tril(np.ones((81, 81), dtype=bool), -1)})
+    with pytest.raises(ValueError, match="bool matrix"):
+        mh.error_by_pair_class(pred, data, 9, {"float": graph.astype(float)})
+    with pytest.raises(ValueError, match="differ in shape"):
+        mh.error_by_pair_class(pred[:2], data, 9, {"unit": graph})
+
+
+def test_error_class_findings_verdicts():
+    row = {"share_of_pairs": 0.25, "share_of_mi": 0.7, "share_of_squared_error": 0.4, "pearson": 0.9}
+    short = [{**row, "pair_class": "share a unit", "pearson_if_exact": 0.91},
+             {**row, "pair_class": "share no unit", "pearson_if_exact": 0.9499}]
+    text = mh._error_class_findings(short, 0.856)
+    assert "no single class, made exact, reaches 0.95 on its own" in text and "0.9499" in text and "0.8560" in text
+    enough = [short[0], {**short[1], "pearson_if_exact": 0.97}]
+    assert "made exact, the pairs that share no unit would bring it to 0.95" in mh._error_class_findings(enough, 0.856)
+    assert "already reaches 0.95" in mh._error_class_findings(short, 0.96)
+    nan = [{**short[0], "pearson": None, "share_of_squared_error": float("nan")}]
+    assert "Pearson n/a" in mh._error_class_findings(nan, 0.856) and "n/a of the squared error" in \
+        mh._error_class_findings(nan, 0.856)
+    assert mh._error_class_findings([], 0.856) == ""
 
 
 def test_constraint_recovery_of_graph_shaped_maps():
