@@ -2,9 +2,9 @@
 """Start or continue the long `cpu` Sudoku MDM run (issue 20), resumable across sessions.
 
 Trains one of `mimdm.pipelines.long_run.RUNS` (``--run long``: `long_run_configs`; ``--run relation``:
-`relation_run_configs`; ``--run relation24``: the same over 24,000 steps, the shipped `cpu` model; ``--run deep24``:
-relation24 with 7 layers) in ``--state-dir`` (default ``checkpoints/<the run's folder>``: ``sudoku_cpu_long``,
-``sudoku_cpu_relation``, ``sudoku_cpu_relation24`` or ``sudoku_cpu_deep24``), checkpointing ``state.pt`` atomically every 500 steps and
+`relation_run_configs`; ``--run relation24``: the same over 24,000 steps, the shipped `cpu` model;
+``--run deep24``: relation24 with 7 layers) in ``--state-dir`` (default ``checkpoints/<the run's folder>``:
+``sudoku_cpu_long``, ``sudoku_cpu_relation``, ``sudoku_cpu_relation24`` or ``sudoku_cpu_deep24``), checkpointing ``state.pt`` atomically every 500 steps and
 appending the solve-rate curve to ``curve.jsonl`` every ``--eval-every`` steps. Run it again with
 the same arguments to continue exactly where it stopped. Example (low priority, one core):
 
