@@ -52,6 +52,13 @@ def test_accuracy_of_perfect_and_shuffled_predictions():
     assert sum(r["n_contexts"] for r in perfect["by_rate"]) == 6
     cal = mh.calibration(perfect["pred_pairs"], perfect["true_pairs"], n_bins=5)
     assert all(c["pred_mean"] == pytest.approx(c["true_mean"]) for c in cal)
+    import warnings
+
+    flat = {**data, "mi": torch.zeros_like(data["mi"])}  # no pair above min_mi: no top-k recall, and no numpy warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        none = mh.accuracy(data["mi"], flat, 9)
+    assert math.isnan(none["overall"]["topk_recall"]) and none["overall"]["n_contexts_without_dependence"] == 6
 
 
 def test_error_by_pair_class_locates_the_error():

@@ -99,6 +99,13 @@ def predict_from_labels(head: MIHead, data: dict, layer: int, mask_id: int, batc
     return torch.cat(out)
 
 
+def _nanmean(x, stat=np.nanmean) -> float:
+    """``stat`` (default the mean) of the non-NaN values of ``x``; NaN, without numpy's empty-slice warning, when there
+    are none."""
+    x = np.asarray(x, dtype=float)
+    return float(stat(x)) if (~np.isnan(x)).any() else float("nan")
+
+
 def accuracy(pred: torch.Tensor, data: dict, mask_id: int, rate_bins=(0.0, 0.25, 0.5, 0.75, 1.0001),
              min_mi: float = 1e-3) -> dict:
     """Predicted vs ground-truth MI over masked pairs: overall (pooled pairs, and the median of
@@ -130,9 +137,9 @@ def accuracy(pred: torch.Tensor, data: dict, mask_id: int, rate_bins=(0.0, 0.25,
             continue
         c = correlation(_pairs(pred[sel], masked[sel]), _pairs(data["mi"][sel], masked[sel]))
         by_rate.append({"mask_rate_lo": lo, "mask_rate_hi": min(hi, 1.0), "n_contexts": int(sel.sum()),
-                        **c, "topk_recall": float(np.nanmean(recalls[sel]))})
-    return {"overall": {**correlation(p, t), "median_context_pearson": float(np.nanmedian(per_ctx)),
-                        "topk_recall": float(np.nanmean(recalls)),
+                        **c, "topk_recall": _nanmean(recalls[sel])})
+    return {"overall": {**correlation(p, t), "median_context_pearson": _nanmean(per_ctx, np.nanmedian),
+                        "topk_recall": _nanmean(recalls),
                         "n_contexts_without_dependence": int(np.isnan(recalls).sum())},
             "by_rate": by_rate, "pred_pairs": p, "true_pairs": t}
 
