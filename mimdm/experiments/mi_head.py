@@ -450,7 +450,8 @@ def _num(x, spec: str) -> str:
 
 
 def _pct(x) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{100 * x:.0f}%"
+    """A fraction as a whole percentage, "n/a" for a missing (None, NaN) value."""
+    return _num(x, ".0%")
 
 
 def _error_class_findings(rows: list[dict], pearson: float) -> str:

@@ -324,5 +324,5 @@ def adopt(state_dir: Path, n_eval: int, root: Path | None = None) -> Path:
     return d / "model.pt"
 
 
-__all__ = ["EVAL_SETS", "RUNS", "adopt", "deep24_run_configs", "long_run_configs", "relation24_run_configs", "relation_run_configs",
-           "read_curve", "run_curves", "run_long_training", "solve_rate_on"]
+__all__ = ["EVAL_SETS", "RUNS", "adopt", "deep24_run_configs", "long_run_configs", "relation24_run_configs",
+           "relation_run_configs", "read_curve", "run_curves", "run_long_training", "solve_rate_on"]
