@@ -37,6 +37,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-puzzles", type=int, default=100, help="puzzles per evaluation set")
     ap.add_argument("--steps", type=int, default=None,
                     help="re-plan the run's total length (only before its final decay has started)")
+    ap.add_argument("--device", default="cpu", help="torch device of this call, e.g. cuda (default cpu); a run may "
+                    "move between CPU and GPU across calls")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     if args.threads < 1:
@@ -51,7 +53,8 @@ def main(argv=None) -> int:
         train_cfg = replace(train_cfg, steps=args.steps)
     curve = run_long_training(state_dir, model_cfg, train_cfg, curriculum, hours=args.hours,
                               eval_every=args.eval_every, eval_puzzles=args.eval_puzzles,
-                              progress=not args.no_progress, allow_extend=args.steps is not None, run=args.run)
+                              progress=not args.no_progress, allow_extend=args.steps is not None, run=args.run,
+                              device=args.device)
     if curve:
         print("last evaluation:", curve[-1])
     return 0

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from mimdm.core.artifacts import load_checkpoint
+from mimdm.core.artifacts import atomic_save, load_checkpoint
 from mimdm.core.device import resolve_device
 from mimdm.data import sudoku as sd
 from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
@@ -122,6 +122,25 @@ def test_training_reduces_loss_and_resumes_identically(tmp_path):
         assert torch.allclose(v, c.state_dict()[k], atol=1e-5), k
     with pytest.raises(ValueError, match="another training config"):
         train_mdm(SudokuMDM(TINY), sudoku_batch, TrainConfig(steps=50), tmp_path / "b.pt", progress=False)
+
+
+def test_training_state_records_device_segments_and_refuses_a_cuda_generator(tmp_path):
+    """Draws come from a CPU generator, so a state moves between devices; one holding a CUDA generator cannot."""
+    cfg = TrainConfig(steps=6, batch_size=8, warmup=2, ckpt_every=3, log_every=3)
+    train_mdm(SudokuMDM(TINY), sudoku_batch, cfg, tmp_path / "s.pt", progress=False, stop_after=3)
+    train_mdm(SudokuMDM(TINY), sudoku_batch, cfg, tmp_path / "s.pt", progress=False)
+    st = torch.load(tmp_path / "s.pt", weights_only=True)
+    assert st["step"] == 6 and st["rng_device"] == "cpu" and st["torch_rng"].dtype == torch.uint8
+    assert json.loads(st["segments"]) == [{"from_step": 0, "device": "cpu", "torch": torch.__version__}]
+    # a state written before the draws moved to the CPU, on CUDA: refused with the reason
+    old = {k: v for k, v in st.items() if k not in ("rng_device", "segments")}
+    atomic_save({**old, "device_type": "cuda", "step": 3}, tmp_path / "old.pt")
+    with pytest.raises(RuntimeError, match="cuda random generator"):
+        train_mdm(SudokuMDM(TINY), sudoku_batch, cfg, tmp_path / "old.pt", progress=False)
+    # the same state written on the CPU (no segments recorded yet) resumes, its first segment inferred
+    atomic_save({**old, "step": 3}, tmp_path / "cpu.pt")
+    train_mdm(SudokuMDM(TINY), sudoku_batch, cfg, tmp_path / "cpu.pt", progress=False)
+    assert json.loads(torch.load(tmp_path / "cpu.pt", weights_only=True)["segments"]) == [{"from_step": 0, "device": "cpu"}]
 
 
 @pytest.mark.slow

@@ -112,7 +112,7 @@ def mask_tokens(values_BL: Tensor, model: MaskedModel, t_B: Tensor, generator: t
     B, L = values_BL.shape
     if maskable_BL is None:
         maskable_BL = torch.ones(B, L, dtype=torch.bool, device=values_BL.device)
-    u = torch.rand(B, L, generator=generator, device=values_BL.device)
+    u = torch.rand(B, L, generator=generator, device=generator.device).to(values_BL.device)
     masked = (u < t_B[:, None]) & maskable_BL
     # guarantee one masked position: the maskable position with the smallest u
     none = ~masked.any(1) & maskable_BL.any(1)
@@ -141,7 +141,8 @@ def mdm_loss(model: MaskedModel, values_BL: Tensor, generator: torch.Generator, 
 
     Args:
         values_BL: ``[B, L]`` long clean values (indices into the value set).
-        generator: RNG of t and of the masks.
+        generator: RNG of t and of the masks; it may live on another device than ``values_BL`` (the draws
+            are made on the generator's device and moved), so a CPU generator gives the same masks on any device.
         maskable_BL: ``[B, L]`` bool positions that may be masked (default all).
         forced_BL: ``[B, L]`` bool, optional forced masks (see `mask_tokens`); under ``"mdlm"`` a
             forced example's t is its masked fraction.
@@ -153,7 +154,7 @@ def mdm_loss(model: MaskedModel, values_BL: Tensor, generator: torch.Generator, 
         ValueError: unknown ``weighting``.
     """
     B, L = values_BL.shape
-    t = min_t + (1 - min_t) * torch.rand(B, generator=generator, device=values_BL.device)
+    t = min_t + (1 - min_t) * torch.rand(B, generator=generator, device=generator.device).to(values_BL.device)
     tokens, masked = mask_tokens(values_BL, model, t, generator, maskable_BL, forced_BL)
     if forced_BL is not None:
         t = torch.where(forced_BL.to(t.device).any(1), masked.float().mean(1), t)
@@ -198,7 +199,10 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
         cfg: `TrainConfig`.
         state_path: resumable training state (model, optimiser, RNG states, log); written every
             ``cfg.ckpt_every`` steps and at the end. If it exists, training continues from it and
-            reproduces the uninterrupted run (same device type).
+            reproduces the uninterrupted run: exactly on the same device type; on another device type
+            (a run moved between CPU and GPU) with the same data, masks and schedule, since every random
+            draw is made on the CPU, and arithmetic that differs in rounding only. The state records each
+            device segment (``"segments"``: ``{"from_step", "device", "torch"}``).
         progress: show a tqdm progress bar.
         max_seconds: stop (after checkpointing) once this much wall-clock has passed; a later call
             continues.
@@ -222,14 +226,15 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
     Raises:
         ValueError: the state file was written with another config (or, with ``allow_extend``, is
             already past the new decay start).
-        RuntimeError: the state file was written on another device type.
+        RuntimeError: the state file holds a CUDA generator's state (written before the random draws
+            moved to the CPU), which cannot be resumed.
     """
     state_path = Path(state_path)
     device = model.device
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     rng = np.random.default_rng(cfg.seed)
-    gen = torch.Generator(device=device).manual_seed(cfg.seed)
-    step, log, elapsed, window_loss = 0, [], 0.0, []
+    gen = torch.Generator(device="cpu").manual_seed(cfg.seed)  # device-independent draws (see mask_tokens)
+    step, log, elapsed, window_loss, segments = 0, [], 0.0, [], []
     best = {"val": math.inf, "step": 0, "model": None, "bad": 0}  # early stopping (val_fn)
     if state_path.exists():
         st = load_checkpoint(state_path)
@@ -241,9 +246,9 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
             if st["step"] > cfg.decay_start():
                 raise ValueError(f"{state_path} is at step {st['step']}, past the decay start {cfg.decay_start()} "
                                  f"of a {cfg.steps}-step run; it cannot be re-planned to that length")
-        if st["device_type"] != device.type:
-            raise RuntimeError(f"{state_path} was written on {st['device_type']}; resume it on the same device type "
-                               f"(this run is on {device.type})")
+        if st.get("rng_device", st["device_type"]) != "cpu":
+            raise RuntimeError(f"{state_path} holds the state of a {st['device_type']} random generator, written before "
+                               "training drew its randomness on the CPU; it cannot be resumed: delete it to retrain")
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
         rng.bit_generator.state = json.loads(st["numpy_rng"])
@@ -251,6 +256,7 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
         torch.set_rng_state(st["global_rng"].cpu())
         step, log, elapsed = st["step"], json.loads(st["log"]), st["seconds"]
         window_loss = json.loads(st["window_loss"])
+        segments = json.loads(st.get("segments", json.dumps([{"from_step": 0, "device": st["device_type"]}])))
         if "best_val" in st:
             best = {"val": st["best_val"], "step": st["best_step"], "model": st["best_model"], "bad": st["best_bad"]}
 
@@ -260,7 +266,7 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
             "numpy_rng": json.dumps(rng.bit_generator.state), "torch_rng": gen.get_state(),
             "global_rng": torch.get_rng_state(), "window_loss": json.dumps(window_loss),
             "log": json.dumps(log), "seconds": elapsed, "train_config": json.dumps(cfg.to_dict()),
-            "device_type": device.type,
+            "device_type": device.type, "rng_device": "cpu", "segments": json.dumps(segments),
             **({"best_val": best["val"], "best_step": best["step"], "best_model": best["model"], "best_bad": best["bad"]}
                if val_fn is not None else {}),
         }, state_path)
@@ -280,6 +286,8 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
         return patience is not None and best["bad"] >= patience
 
 
+    if not segments or segments[-1]["device"] != device.type:
+        segments.append({"from_step": step, "device": device.type, "torch": torch.__version__})
     precision, model.precision = getattr(model, "precision", "fp32"), "fp32"  # training always runs in fp32
     model.train()
     t0, seen = time.perf_counter(), 0

@@ -169,7 +169,7 @@ change under `extended` in `config.json`).
 def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: TrainConfig,
                       curriculum: CurriculumConfig, hours: float | None = None, eval_every: int = 1000,
                       eval_puzzles: int = 100, progress: bool = True, stop_after: int | None = None,
-                      allow_extend: bool = False, run: str = "long") -> list[dict]:
+                      allow_extend: bool = False, run: str = "long", device: str | torch.device = "cpu") -> list[dict]:
     """Train (or continue) the long run in ``state_dir`` and record its solve-rate curve.
 
     Args:
@@ -185,6 +185,9 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
         stop_after: stop at this step (simulates an interruption; a later call continues).
         allow_extend: accept a changed ``train_cfg.steps`` (see `train_mdm`).
         run: the run's name in `RUNS` (for the resume command in the folder's README).
+        device: where this call trains and evaluates (fp32 on any device); a run may move between
+            CPU and GPU across calls (`mimdm.models.training.train_mdm`), and ``model.pt`` records
+            the devices of its segments.
 
     Returns:
         The curve (all of ``curve.jsonl``).
@@ -228,7 +231,7 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
     eval_sets = [(k, sd.make_puzzles(eval_puzzles, c, np.random.default_rng(s))) for k, c, s in EVAL_SETS]
 
     torch.manual_seed(train_cfg.seed)
-    model = SudokuMDM(model_cfg)
+    model = SudokuMDM(model_cfg).to(device)
     curve = read_curve(curve_path)
 
     def state_step() -> tuple[int, list[dict]]:
@@ -278,11 +281,14 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
         if step < target:  # out of time
             break
     if step >= train_cfg.steps and not (state_dir / "model.pt").exists():
+        segments = json.loads(load_checkpoint(state_path).get("segments", '[{"from_step": 0, "device": "cpu"}]'))
+        devices = sorted({s["device"] for s in segments})
         atomic_save({
-            "kind": "sudoku_mdm", "state_dict": model.state_dict(),
+            "kind": "sudoku_mdm", "state_dict": {k: v.cpu() for k, v in model.state_dict().items()},
             "model_config": json.dumps(model_cfg.to_dict()), "train_config": json.dumps(train_cfg.to_dict()),
             "log": json.dumps(log), "eval": json.dumps(curve[-1] if curve else {}),
-            "trained_on": json.dumps({"device": "cpu", "torch": torch.__version__, "data": sd.GENERATOR_ID,
+            "trained_on": json.dumps({"device": devices[0] if len(devices) == 1 else "+".join(devices),
+                                      "segments": segments, "torch": torch.__version__, "data": sd.GENERATOR_ID,
                                       "objective": OBJECTIVE_VERSION, "curriculum": curriculum.to_dict()}),
         }, state_dir / "model.pt")
     return curve
