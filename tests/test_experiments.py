@@ -61,6 +61,29 @@ def test_accuracy_of_perfect_and_shuffled_predictions():
     assert math.isnan(none["overall"]["topk_recall"]) and none["overall"]["n_contexts_without_dependence"] == 6
 
 
+def test_direction_agreement_from_the_directed_mi():
+    """Three masked cells with known directed MI I_{i->j}: the statistics are Pearson over both orders."""
+    tokens = torch.zeros(1, 81, dtype=torch.long)
+    tokens[0, :3] = 9
+    directed = np.zeros((81, 81))
+    directed[0, 1], directed[1, 0] = 3.0, 1.0  # T = 2, A = 2
+    directed[0, 2] = directed[2, 0] = 1.0  # T = 1, A = 0
+    directed[5, 6] = 4.0  # an unmasked pair: ignored
+    data = {"tokens": tokens, "mi": torch.from_numpy((directed + directed.T) / 2)[None],
+            "asymmetry": torch.from_numpy(np.abs(directed - directed.T))[None]}
+    got = mh.direction_agreement(data, 9)
+    a, b = np.array([3.0, 1.0, 0.0, 1.0, 1.0, 0.0]), np.array([1.0, 1.0, 0.0, 3.0, 1.0, 0.0])  # (0,1), (0,2), (1,2)
+    assert got["n_pairs"] == 3
+    assert got["directions_pearson"] == pytest.approx(np.corrcoef(a, b)[0, 1])
+    assert got["one_direction_pearson"] == pytest.approx(np.corrcoef(a, (a + b) / 2)[0, 1])
+    consistent = mh.direction_agreement({**data, "asymmetry": torch.zeros(1, 81, 81)}, 9)
+    assert consistent["directions_pearson"] == pytest.approx(1.0) and consistent["one_direction_pearson"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="differ in shape"):
+        mh.direction_agreement({**data, "asymmetry": torch.zeros(1, 80, 80)}, 9)
+    with pytest.raises(ValueError, match="no pair of masked"):
+        mh.direction_agreement({**data, "tokens": torch.zeros(1, 81, dtype=torch.long)}, 9)
+
+
 def test_error_by_pair_class_locates_the_error():
     data = _fake_labels()
     graph = sd.constraint_graph()

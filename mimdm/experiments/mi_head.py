@@ -196,6 +196,38 @@ def error_by_pair_class(pred_BLL: torch.Tensor, data: dict, mask_id: int, classe
     return rows
 
 
+def direction_agreement(data: dict, mask_id: int) -> dict:
+    """How far the two probing directions of the label's MI agree, over the masked pairs (i < j) of a label split.
+
+    Probing gives two MI values per pair: I_{i→j} (fill j, read the change of p(x_i)) and I_{j→i}; the label is their
+    mean T and the set stores A = |I_{j→i} − I_{i→j}| (`mimdm.probing.exact.probe_mi`), so the two directions are
+    T ± A/2. An MDM whose conditionals were those of one joint distribution would give A = 0. Both statistics are
+    Pearson correlations over the pairs entered in both orders (Fisher's double-entry intraclass correlation), so
+    they do not depend on which direction is called first.
+
+    Args:
+        data: the label split (``tokens [N, L]``, ``mi [N, L, L]`` and ``asymmetry [N, L, L]`` in nats).
+        mask_id: the MDM's mask token id.
+
+    Returns:
+        ``{"directions_pearson"`` (one direction against the other), ``"one_direction_pearson"`` (one direction
+        against the label T), ``"n_pairs"}``; a Pearson is NaN when undefined (`mimdm.evaluation.metrics.correlation`).
+
+    Raises:
+        ValueError: no pair of masked positions; ``mi`` and ``asymmetry`` of different shapes.
+    """
+    if tuple(data["mi"].shape) != tuple(data["asymmetry"].shape):
+        raise ValueError(f"mi {tuple(data['mi'].shape)} and asymmetry {tuple(data['asymmetry'].shape)} differ in shape")
+    masked_BL = data["tokens"] == mask_id
+    if len(masked_BL) == 0 or int((masked_BL.sum(1) >= 2).sum()) == 0:
+        raise ValueError("the label split holds no pair of masked positions")
+    t = _pairs(data["mi"], masked_BL).astype(float)
+    half = _pairs(data["asymmetry"], masked_BL).astype(float) / 2
+    first, second = np.concatenate([t + half, t - half]), np.concatenate([t - half, t + half])
+    return {"directions_pearson": correlation(first, second)["pearson"],
+            "one_direction_pearson": correlation(first, np.concatenate([t, t]))["pearson"], "n_pairs": int(len(t))}
+
+
 def calibration(pred_pairs: np.ndarray, true_pairs: np.ndarray, n_bins: int = 12, floor: float = 1e-4) -> list[dict]:
     """Mean true MI in log-spaced bins of predicted MI (nats), plus one bin for predictions below ``floor``.
 
@@ -441,7 +473,8 @@ def estimator_findings_markdown(values: dict) -> str:
   {comp["no position pairs"]["pearson"]:.3f}, without the two-hop update {comp["no two-hop update"]["pearson"]:.3f},
   with the strict min-entropy bound {comp["min-entropy bound"]["pearson"]:.3f}, hidden-state pairs alone
   {comp["hidden-state pairs only"]["pearson"]:.3f}.
-''' + _error_class_findings(values.get("error_by_pair_class", []), a["pearson"])
+''' + _error_class_findings(values.get("error_by_pair_class", []), a["pearson"]) + _direction_findings(
+        values.get("direction_agreement"), a["pearson"])
 
 
 def _num(x, spec: str) -> str:
@@ -472,6 +505,20 @@ def _error_class_findings(rows: list[dict], pearson: float) -> str:
                    + f" would bring it to {target}")
     return f'''- **Where the error is** (test pairs): {parts}. Pooled Pearson if the head were {exact}
   (against {pearson:.4f} as it is): {verdict}.
+'''
+
+
+def _direction_findings(agreement: dict | None, pearson: float) -> str:
+    """The bullet of chapter 2 on the labels' two probing directions (`direction_agreement`), beside the head's Pearson."""
+    if not agreement:
+        return ""
+    d, o = agreement["directions_pearson"], agreement["one_direction_pearson"]
+    target = HEAD_PEARSON_TARGET
+    rel = "above" if d > target else "below" if d < target else "at"
+    return f'''- **The labels' own consistency.** Probing measures each pair twice (fill j and read i; fill i and read j) and the
+  label is the mean; the model's conditionals are not those of one joint distribution, so the two differ. Over the
+  {agreement["n_pairs"]:,} test pairs one direction has Pearson {_num(d, ".3f")} with the other and {_num(o, ".3f")} with the
+  label, against the head's {pearson:.3f}: the agreement of the model's own two probes is {rel} the {target} target.
 '''
 
 
