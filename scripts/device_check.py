@@ -369,6 +369,9 @@ def step_protein_head(ctx: dict) -> dict:
 
 
 STEP_FNS = {name: globals()[f"step_{name}"] for name in STEPS}
+#: The earlier steps whose results a step reads: it is skipped, naming them, when one of them failed or was skipped.
+NEEDS = {"sudoku_probing": ("sudoku_forward",), "mi_head": ("sudoku_forward",), "decoding": ("sudoku_forward", "mi_head"),
+         "likelihood": ("sudoku_forward",), "protein_probing": ("esmc_forward",), "protein_head": ("esmc_forward",)}
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -409,6 +412,11 @@ def _clean(obj):
     return obj
 
 
+def _done(step: dict) -> bool:
+    """Whether a step's record is a result (not an error or a skip)."""
+    return "error" not in step and "skipped" not in step
+
+
 def run(profile: str, device: str, out_dir: Path, budget_s: float | None = None, only: list[str] | None = None) -> dict:
     """Run the steps, writing ``out_dir/device_check.json`` after each; returns the record."""
     P = get_profile(profile)
@@ -432,6 +440,11 @@ def run(profile: str, device: str, out_dir: Path, budget_s: float | None = None,
         elapsed = time.perf_counter() - t_start
         if elapsed > budget:
             rec["steps"][name] = {"skipped": f"time budget of {budget:.0f} s used ({elapsed:.0f} s)"}
+            continue
+        failed = [n for n in NEEDS.get(name, ()) if n in rec["steps"] and not _done(rec["steps"][n])]
+        if failed:
+            why = "; ".join(f'{n}: {rec["steps"][n].get("error") or rec["steps"][n].get("skipped")}' for n in failed)
+            rec["steps"][name] = {"skipped": f"needs {', '.join(failed)}, which did not run ({why})"}
             continue
         print(f"[device_check] {name} ...", flush=True)
         t0 = time.perf_counter()

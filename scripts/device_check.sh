@@ -5,7 +5,11 @@
 #
 # 1. creates the virtual environment $VENV (default .venv) with Python 3.11 and installs, as the Makefile does,
 #    torch==2.13.0 from the default index (on Linux x86_64 that is the CUDA build), esm==3.2.1.post1 without its
-#    dependencies, and this package with its test extra; an existing $VENV whose torch sees CUDA is reused;
+#    dependencies, and this package with its test extra; an existing $VENV whose torch sees CUDA is reused.
+#    SYSTEM_PYTHON=1 (or auto, the default, when $VENV does not exist and the machine's python3 has a torch that sees
+#    CUDA, as on the GPU machines lent to this project, which reach no package index) installs nothing: it runs the
+#    machine's python3 with the package through PYTHONPATH, adding the wheels of a folder .whl/ if there is one (e.g.
+#    esm's, which the ESM-C steps need; without it they record the missing module and the protein steps are skipped);
 # 2. checks that torch sees CUDA (exit 3 otherwise, with the reason in $OUT/device_check.json);
 # 3. runs scripts/device_check.py --profile paper --device cuda: a short, timed slice of every chapter's
 #    computation at paper scale (random-init models; see that file), throughput in passes/s and ratios.
@@ -22,6 +26,7 @@ PROFILE="${PROFILE:-paper}"
 DEVICE="${DEVICE:-cuda}"
 CHECK_TIMEOUT_S="${CHECK_TIMEOUT_S:-420}"
 REQUIRE_CUDA="${REQUIRE_CUDA:-1}"
+SYSTEM_PYTHON="${SYSTEM_PYTHON:-auto}"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PIP_DISABLE_PIP_VERSION_CHECK=1
 mkdir -p "$OUT"
 
@@ -40,8 +45,20 @@ assert sys.argv[1] == "0" or torch.cuda.is_available()
 EOF
 }
 
+system_ok() { python3 -c "import torch, numpy, scipy, tqdm; assert torch.cuda.is_available()" >/dev/null 2>&1; }
+
+RUN_PY="$VENV/bin/python"
 if has_env; then
   log "reusing $VENV"
+elif [ "$SYSTEM_PYTHON" = 1 ] || { [ "$SYSTEM_PYTHON" = auto ] && [ ! -e "$VENV" ] && system_ok; }; then
+  RUN_PY=python3
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  log "using the machine's python3 ($(python3 -c 'import torch; print("torch", torch.__version__)')), nothing installed"
+  if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/device_check_site .whl/*.whl
+    export PYTHONPATH="$PYTHONPATH:/tmp/device_check_site"
+    log "added the wheels of .whl/: $(ls .whl | tr '\n' ' ')"
+  fi
 else
   log "creating $VENV"
   "$PY" -m venv "$VENV"
@@ -54,9 +71,9 @@ else
   "$VENV/bin/pip" install --quiet -e '.[test]'
   log "install done"
 fi
-"$VENV/bin/pip" freeze > "$OUT/pip_freeze.txt" 2>&1 || true
+"$RUN_PY" -m pip freeze > "$OUT/pip_freeze.txt" 2>&1 || true
 
-if ! "$VENV/bin/python" - "$OUT" "$REQUIRE_CUDA" <<'EOF' 2>&1 | tee -a "$OUT/setup.log"; then
+if ! "$RUN_PY" - "$OUT" "$REQUIRE_CUDA" <<'EOF' 2>&1 | tee -a "$OUT/setup.log"; then
 import json, sys, torch
 out, require = sys.argv[1], sys.argv[2] == "1"
 info = {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
@@ -73,7 +90,7 @@ fi
 
 log "running scripts/device_check.py --profile $PROFILE --device $DEVICE (limit ${CHECK_TIMEOUT_S} s)"
 rc=0
-timeout "$CHECK_TIMEOUT_S" "$VENV/bin/python" scripts/device_check.py --profile "$PROFILE" --device "$DEVICE" \
+timeout "$CHECK_TIMEOUT_S" "$RUN_PY" scripts/device_check.py --profile "$PROFILE" --device "$DEVICE" \
   --out "$OUT" --budget-s $((CHECK_TIMEOUT_S * 3 / 4)) 2>&1 | tee "$OUT/device_check.log" || rc=${PIPESTATUS[0]}
 log "device_check.py exit status $rc; results in $OUT/device_check.json"
 exit "$rc"

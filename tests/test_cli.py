@@ -425,6 +425,22 @@ def test_device_check_smoke_cpu(tmp_path, capsys):
     assert '"ratios"' in capsys.readouterr().out
 
 
+def test_device_check_skips_the_steps_of_a_failed_prerequisite(tmp_path):
+    """Without the esm package (the lent GPU machine has none) the protein steps say what they needed, not KeyError."""
+    dc = _device_check_module()
+
+    def no_esm(ctx):
+        raise ModuleNotFoundError("No module named 'esm'")
+
+    dc.STEP_FNS["esmc_forward"] = no_esm
+    rec = dc.run("smoke", "cpu", tmp_path, only=["esmc_forward", "protein_probing", "protein_head"])
+    assert rec["steps"]["esmc_forward"]["error"] == "ModuleNotFoundError: No module named 'esm'"
+    for step in ("protein_probing", "protein_head"):
+        assert rec["steps"][step] == {"skipped": "needs esmc_forward, which did not run "
+                                                 "(esmc_forward: ModuleNotFoundError: No module named 'esm')"}
+    assert rec["ok"] is False and set(rec["timings_s"]) == {"esmc_forward"}
+
+
 def test_mi_precision_error_counts_decision_flips():
     dc = _device_check_module()
     ref = torch.zeros(1, 3, 3)
