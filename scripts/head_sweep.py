@@ -1,0 +1,162 @@
+#!/usr/bin/env python
+"""Sweep MI-head variants on the shipped `cpu` Sudoku label set (issue 20: test Pearson >= 0.95), on a GPU.
+
+Loads the shipped Sudoku MDM (`checkpoints/cpu/sudoku_mdm`) and unpacks its shipped label set
+(`checkpoints/cpu/sudoku_labels`: hidden states recomputed in fp32) into a temporary folder, then trains each
+variant on the training split (AdamW, one-cycle learning rate, `mimdm.heads.mi_head.mi_loss`, the head with the best
+validation loss kept) and reports Pearson of predicted vs probed MI over masked pairs on the training, validation
+and test splits (`mimdm.experiments.mi_head.accuracy`). Variants: the shipped bilinear head (`MIHead`) at the shipped
+and at longer training, and `TrunkHead`s: K pre-norm transformer layers over the MDM's hidden states before the
+same bilinear head, asking whether a head that can combine cells before pairing them fits what one bilinear form
+on the last hidden states does not. Results are written after each variant to ``--out``/head_sweep.json; a variant
+is skipped when the time left (``--budget-s``) is under its estimate.
+
+    PYTHONPATH=. python3 scripts/head_sweep.py --device cuda --out $OUT --budget-s 240
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mimdm.app.profiles import get_profile  # noqa: E402
+from mimdm.core.artifacts import git_commit  # noqa: E402
+from mimdm.experiments.mi_head import accuracy, head_config_for  # noqa: E402
+from mimdm.heads.mi_head import MIHead, mi_loss  # noqa: E402
+from mimdm.pipelines.labels import PACKED, load_labels, unpack_labels  # noqa: E402
+from mimdm.pipelines.zoo import load_sudoku_mdm  # noqa: E402
+
+
+class TrunkHead(nn.Module):
+    """``layers`` pre-norm transformer layers (width ``d_model``, 4 heads, all 81 cells attended) over the projected
+    hidden states plus a learned position and masked-or-not embedding, then the bilinear `MIHead` on the result."""
+
+    def __init__(self, d_in: int, d_model: int, layers: int, head_cfg):
+        super().__init__()
+        self.proj = nn.Linear(d_in, d_model)
+        self.pos = nn.Parameter(torch.randn(81, d_model) * 0.02)
+        self.kind = nn.Parameter(torch.zeros(2, d_model))
+        layer = nn.TransformerEncoderLayer(d_model, 4, 2 * d_model, dropout=0.0, batch_first=True, norm_first=True)
+        self.trunk = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = MIHead(replace(head_cfg, d_in=d_model))
+
+    def forward(self, hidden_BLD, masked_BL, entropy_BL):
+        x = self.proj(hidden_BLD.float()) + self.pos + self.kind[masked_BL.long()]
+        return self.head(self.trunk(x), masked_BL, entropy_BL)
+
+
+def to_device(data: dict, layer: int, mask_id: int, device) -> dict:
+    return {"h": data[f"hidden_{layer}"].to(device), "m": (data["tokens"] == mask_id).to(device),
+            "e": data["entropy"].to(device), "mi": data["mi"].to(device)}
+
+
+@torch.no_grad()
+def predict(net, d: dict, bs: int = 128) -> torch.Tensor:
+    net.eval()
+    return torch.cat([net(d["h"][s:s + bs], d["m"][s:s + bs], d["e"][s:s + bs]).cpu()
+                      for s in range(0, len(d["h"]), bs)])
+
+
+def fit(net, tr: dict, va: dict, epochs: int, lr: float, bs: int = 32, wd: float = 0.01, seed: int = 0):
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=wd)
+    n = len(tr["h"])
+    steps = math.ceil(n / bs)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=epochs * steps, pct_start=0.1)
+    best, best_state = math.inf, None
+    for ep in range(epochs):
+        net.train()
+        perm = torch.from_numpy(rng.permutation(n)).to(tr["h"].device)
+        for s in range(0, n, bs):
+            b = perm[s:s + bs]
+            loss = mi_loss(net(tr["h"][b], tr["m"][b], tr["e"][b]), tr["mi"][b], tr["m"][b])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            opt.step()
+            sched.step()
+        if (ep + 1) % max(1, epochs // 20) == 0 or ep == epochs - 1:
+            net.eval()
+            with torch.no_grad():
+                v = float(mi_loss(predict(net, va).to(va["h"].device), va["mi"], va["m"]))
+            if v < best:
+                best, best_state = v, {k: x.detach().clone() for k, x in net.state_dict().items()}
+    net.load_state_dict(best_state)
+    return best
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", type=Path, default=Path("head_sweep_out"))
+    ap.add_argument("--budget-s", type=float, default=240.0)
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply every variant's epochs (a CPU dry run: 0.02)")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device(args.device)
+    profile = get_profile("cpu")
+    model, _ = load_sudoku_mdm(ROOT / "checkpoints/cpu/sudoku_mdm/model.pt", device=dev)
+    model.set_precision("fp32")
+    tmp = Path(tempfile.mkdtemp())
+    (tmp / PACKED).write_bytes((ROOT / "checkpoints/cpu/sudoku_labels" / PACKED).read_bytes())
+    unpack_labels(model, profile.labels, tmp)
+    layer, mask_id = profile.head_train.layer, model.mask_id
+    cpu = {s: load_labels(tmp, s) for s in ("train", "val", "test")}
+    gpu = {s: to_device(cpu[s], layer, mask_id, dev) for s in cpu}
+    hcfg = head_config_for(profile, model)
+    rec = {"device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
+           "commit": git_commit(),
+           "labels": {s: int(len(cpu[s]["tokens"])) for s in cpu}, "head_config": hcfg.to_dict(),
+           "shipped_train": profile.head_train.to_dict(), "setup_s": time.perf_counter() - t0, "variants": []}
+    print(json.dumps({k: rec[k] for k in ("device", "labels", "setup_s")}), flush=True)
+    lr0 = profile.head_train.lr
+    variants = [  # (name, builder, epochs, lr, estimated seconds on an H200)
+        ("shipped bilinear, shipped training", lambda: MIHead(hcfg), profile.head_train.epochs, lr0, 10),
+        ("shipped bilinear, 300 epochs", lambda: MIHead(hcfg), 300, lr0, 60),
+        ("trunk 2x64 + bilinear, 150 epochs", lambda: TrunkHead(hcfg.d_in, 64, 2, hcfg), 150, 2e-3, 40),
+        ("trunk 4x64 + bilinear, 150 epochs", lambda: TrunkHead(hcfg.d_in, 64, 4, hcfg), 150, 2e-3, 50),
+        ("trunk 2x128 + bilinear, 150 epochs", lambda: TrunkHead(hcfg.d_in, 128, 2, hcfg), 150, 1e-3, 45),
+        ("trunk 4x128 + bilinear, 200 epochs", lambda: TrunkHead(hcfg.d_in, 128, 4, hcfg), 200, 1e-3, 70),
+    ]
+    for name, build, epochs, lr, est in variants:
+        epochs = max(2, int(round(epochs * args.scale)))
+        left = args.budget_s - (time.perf_counter() - t0)
+        if left < est * args.scale * (1 if dev.type == "cuda" else 1):
+            print(f"skip {name}: {left:.0f} s left", flush=True)
+            rec["variants"].append({"name": name, "skipped": f"{left:.0f} s left"})
+            continue
+        t1 = time.perf_counter()
+        torch.manual_seed(0)
+        net = build().to(dev)
+        best_val = fit(net, gpu["train"], gpu["val"], epochs, lr)
+        row = {"name": name, "parameters": sum(p.numel() for p in net.parameters()), "epochs": epochs, "lr": lr,
+               "best_val_loss": best_val}
+        for s in ("train", "val", "test"):
+            acc = accuracy(predict(net, gpu[s]), cpu[s], mask_id)
+            row[f"{s}_pearson"] = acc["overall"]["pearson"]
+            if s == "test":
+                row["test_by_rate"] = [{k: r[k] for k in ("mask_rate_lo", "mask_rate_hi", "pearson")} for r in acc["by_rate"]]
+        row["seconds"] = time.perf_counter() - t1
+        rec["variants"].append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "test_by_rate"}), flush=True)
+        rec["total_s"] = time.perf_counter() - t0
+        (args.out / "head_sweep.json").write_text(json.dumps(rec, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
