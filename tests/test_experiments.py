@@ -84,6 +84,19 @@ def test_direction_agreement_from_the_directed_mi():
         mh.direction_agreement({**data, "tokens": torch.zeros(1, 81, dtype=torch.long)}, 9)
 
 
+def test_direction_findings_say_what_the_agreement_shows():
+    base = {"one_direction_pearson": 0.99, "n_pairs": 1234}
+    below = mh._direction_findings({**base, "directions_pearson": 0.9}, 0.85)
+    assert "so the two differ" in below and "Pearson 0.900 with the other" in below and "below the 0.95 target" in below
+    assert "above the 0.95 target" in mh._direction_findings({**base, "directions_pearson": 0.96}, 0.85)
+    exact = mh._direction_findings({**base, "directions_pearson": 1.0}, 0.85)
+    assert "agree exactly" in exact and "differ" not in exact
+    for undefined in (float("nan"), None):  # None: a NaN read back from the results JSON
+        text = mh._direction_findings({**base, "directions_pearson": undefined}, 0.85)
+        assert "is undefined here" in text and "Pearson n/a with the other" in text and "differ" not in text
+    assert mh._direction_findings(None, 0.85) == ""
+
+
 def test_error_by_pair_class_locates_the_error():
     data = _fake_labels()
     graph = sd.constraint_graph()

@@ -203,7 +203,8 @@ def direction_agreement(data: dict, mask_id: int) -> dict:
     mean T and the set stores A = |I_{j→i} − I_{i→j}| (`mimdm.probing.exact.probe_mi`), so the two directions are
     T ± A/2. An MDM whose conditionals were those of one joint distribution would give A = 0. Both statistics are
     Pearson correlations over the pairs entered in both orders (Fisher's double-entry intraclass correlation), so
-    they do not depend on which direction is called first.
+    they do not depend on which direction is called first. Label sets store A in float16
+    (`mimdm.pipelines.labels`), so the rebuilt directions carry its rounding (about 1e-3 relative).
 
     Args:
         data: the label split (``tokens [N, L]``, ``mi [N, L, L]`` and ``asymmetry [N, L, L]`` in nats).
@@ -221,11 +222,11 @@ def direction_agreement(data: dict, mask_id: int) -> dict:
     masked_BL = data["tokens"] == mask_id
     if len(masked_BL) == 0 or int((masked_BL.sum(1) >= 2).sum()) == 0:
         raise ValueError("the label split holds no pair of masked positions")
-    t = _pairs(data["mi"], masked_BL).astype(float)
-    half = _pairs(data["asymmetry"], masked_BL).astype(float) / 2
-    first, second = np.concatenate([t + half, t - half]), np.concatenate([t - half, t + half])
-    return {"directions_pearson": correlation(first, second)["pearson"],
-            "one_direction_pearson": correlation(first, np.concatenate([t, t]))["pearson"], "n_pairs": int(len(t))}
+    mi_P = _pairs(data["mi"], masked_BL).astype(float)
+    half_P = _pairs(data["asymmetry"], masked_BL).astype(float) / 2
+    first_2P, second_2P = np.concatenate([mi_P + half_P, mi_P - half_P]), np.concatenate([mi_P - half_P, mi_P + half_P])
+    return {"directions_pearson": correlation(first_2P, second_2P)["pearson"],
+            "one_direction_pearson": correlation(first_2P, np.concatenate([mi_P, mi_P]))["pearson"], "n_pairs": int(len(mi_P))}
 
 
 def calibration(pred_pairs: np.ndarray, true_pairs: np.ndarray, n_bins: int = 12, floor: float = 1e-4) -> list[dict]:
@@ -444,7 +445,8 @@ HEAD_COST_TARGET = 0.25
 def estimator_findings_markdown(values: dict) -> str:
     """Chapter 2's findings as a Markdown list, from its results (``values`` of ``estimator_accuracy.json``); the
     head targets of issue 20 (`HEAD_COST_TARGET`, `HEAD_PEARSON_TARGET`) are stated as met or not; with an
-    ``error_by_pair_class`` entry (`error_by_pair_class`) a bullet says where the error lies."""
+    ``error_by_pair_class`` entry (`error_by_pair_class`) a bullet says where the error lies, and with a
+    ``direction_agreement`` entry (`direction_agreement`) one compares the labels' two probing directions."""
     a, h = values["accuracy"], values["head"]
     heavy = [r for r in values["by_mask_rate"] if r["mask_rate_lo"] >= 0.75]
     best_layer = max((r for r in values["ablations"] if r["ablation"].startswith("layer")), key=lambda r: r["val_pearson"])
@@ -509,16 +511,23 @@ def _error_class_findings(rows: list[dict], pearson: float) -> str:
 
 
 def _direction_findings(agreement: dict | None, pearson: float) -> str:
-    """The bullet of chapter 2 on the labels' two probing directions (`direction_agreement`), beside the head's Pearson."""
+    """The bullet of chapter 2 on the labels' two probing directions (`direction_agreement`), beside the head's Pearson;
+    an undefined agreement (NaN, or None as read back from JSON) is said to be undefined."""
     if not agreement:
         return ""
     d, o = agreement["directions_pearson"], agreement["one_direction_pearson"]
     target = HEAD_PEARSON_TARGET
-    rel = "above" if d > target else "below" if d < target else "at"
-    return f'''- **The labels' own consistency.** Probing measures each pair twice (fill j and read i; fill i and read j) and the
-  label is the mean; the model's conditionals are not those of one joint distribution, so the two differ. Over the
+    undefined = d is None or np.isnan(d)
+    intro = ("Probing measures each pair twice (fill j and read i; fill i and read j) and the\n  label is the mean"
+             + ("." if undefined else "; the model's conditionals are not those of one joint distribution, so the two differ."
+                if d < 1 else ", and here the two agree exactly."))
+    if undefined:
+        verdict = "the agreement of the model's own two probes is undefined here (too few pairs, or constant values)"
+    else:
+        verdict = f"the agreement of the model's own two probes is {'above' if d > target else 'below' if d < target else 'at'} the {target} target"
+    return f'''- **The labels' own consistency.** {intro} Over the
   {agreement["n_pairs"]:,} test pairs one direction has Pearson {_num(d, ".3f")} with the other and {_num(o, ".3f")} with the
-  label, against the head's {pearson:.3f}: the agreement of the model's own two probes is {rel} the {target} target.
+  label, against the head's {pearson:.3f}: {verdict}.
 '''
 
 
