@@ -127,11 +127,24 @@ def test_training_reduces_loss_and_resumes_identically(tmp_path):
 def test_training_state_records_device_segments_and_refuses_a_cuda_generator(tmp_path):
     """Draws come from a CPU generator, so a state moves between devices; one holding a CUDA generator cannot."""
     cfg = TrainConfig(steps=6, batch_size=8, warmup=2, ckpt_every=3, log_every=3)
+    torch.manual_seed(0)
     train_mdm(SudokuMDM(TINY), sudoku_batch, cfg, tmp_path / "s.pt", progress=False, stop_after=3)
     train_mdm(SudokuMDM(TINY), sudoku_batch, cfg, tmp_path / "s.pt", progress=False)
     st = torch.load(tmp_path / "s.pt", weights_only=True)
     assert st["step"] == 6 and st["rng_device"] == "cpu" and st["torch_rng"].dtype == torch.uint8
     assert json.loads(st["segments"]) == [{"from_step": 0, "device": "cpu", "torch": torch.__version__}]
+    # a state written on a GPU (relabelled here) resumes on the CPU: same draws, so the same weights as one CPU run
+    mid = {k: v for k, v in torch.load(tmp_path / "s.pt", weights_only=True).items()}
+    torch.manual_seed(0)
+    train_mdm(SudokuMDM(TINY), sudoku_batch, cfg, tmp_path / "g.pt", progress=False, stop_after=3)
+    g = torch.load(tmp_path / "g.pt", weights_only=True)
+    gpu_seg = {"from_step": 0, "device": "cuda", "torch": "2.11.0+cu130"}
+    atomic_save({**g, "device_type": "cuda", "segments": json.dumps([gpu_seg])}, tmp_path / "g.pt")
+    train_mdm(SudokuMDM(TINY), sudoku_batch, cfg, tmp_path / "g.pt", progress=False)
+    g = torch.load(tmp_path / "g.pt", weights_only=True)
+    assert json.loads(g["segments"]) == [gpu_seg, {"from_step": 3, "device": "cpu", "torch": torch.__version__}]
+    for k, v in mid["model"].items():
+        assert torch.equal(v, g["model"][k]), k
     # a state written before the draws moved to the CPU, on CUDA: refused with the reason
     old = {k: v for k, v in st.items() if k not in ("rng_device", "segments")}
     atomic_save({**old, "device_type": "cuda", "step": 3}, tmp_path / "old.pt")

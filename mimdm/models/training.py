@@ -97,6 +97,7 @@ def mask_tokens(values_BL: Tensor, model: MaskedModel, t_B: Tensor, generator: t
     Args:
         values_BL: ``[B, L]`` long clean values (indices into the value set).
         t_B: ``[B]`` masking rates in (0, 1].
+        generator: RNG of the masks; the draws are made on its device and moved to that of ``values_BL``.
         maskable_BL: ``[B, L]`` bool positions that may be masked (default: all).
         forced_BL: ``[B, L]`` bool, optional: an example whose row has any True position is
             masked exactly there (``maskable_BL`` does not apply to it); the random draws are
@@ -184,6 +185,15 @@ def _lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
+def state_segments(state: dict) -> list[dict]:
+    """The device segments of a `train_mdm` state: ``[{"from_step", "device", "torch"}, ...]``, one per change of
+    device type, in order. A state written before segments were recorded gets one, ``{"from_step": 0, "device": its
+    device type}`` (its torch version was not recorded)."""
+    if "segments" in state:
+        return json.loads(state["segments"])
+    return [{"from_step": 0, "device": state["device_type"]}]
+
+
 def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, int], Tensor], cfg: TrainConfig,
               state_path: Path, progress: bool = True, max_seconds: float | None = None,
               stop_after: int | None = None, allow_extend: bool = False,
@@ -199,10 +209,11 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
         cfg: `TrainConfig`.
         state_path: resumable training state (model, optimiser, RNG states, log); written every
             ``cfg.ckpt_every`` steps and at the end. If it exists, training continues from it and
-            reproduces the uninterrupted run: exactly on the same device type; on another device type
-            (a run moved between CPU and GPU) with the same data, masks and schedule, since every random
-            draw is made on the CPU, and arithmetic that differs in rounding only. The state records each
-            device segment (``"segments"``: ``{"from_step", "device", "torch"}``).
+            reproduces the uninterrupted run: exactly on the CPU; on another device type (a run moved
+            between CPU and GPU), and on a GPU, with the same data, masks and schedule, since every random
+            draw of the loop is made on the CPU (models without dropout; dropout on a GPU draws from its
+            own generator, which is not saved), and arithmetic that may differ in rounding. The state
+            records each device segment (`state_segments`).
         progress: show a tqdm progress bar.
         max_seconds: stop (after checkpointing) once this much wall-clock has passed; a later call
             continues.
@@ -256,7 +267,7 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
         torch.set_rng_state(st["global_rng"].cpu())
         step, log, elapsed = st["step"], json.loads(st["log"]), st["seconds"]
         window_loss = json.loads(st["window_loss"])
-        segments = json.loads(st.get("segments", json.dumps([{"from_step": 0, "device": st["device_type"]}])))
+        segments = state_segments(st)
         if "best_val" in st:
             best = {"val": st["best_val"], "step": st["best_step"], "model": st["best_model"], "bad": st["best_bad"]}
 

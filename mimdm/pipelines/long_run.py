@@ -30,7 +30,7 @@ from mimdm.core.artifacts import REPO_ROOT, atomic_save, git_commit, load_checkp
 from mimdm.data import sudoku as sd
 from mimdm.data.curriculum import CurriculumConfig, curriculum_batch, load_or_build_pool
 from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
-from mimdm.models.training import OBJECTIVE_VERSION, TrainConfig, train_mdm
+from mimdm.models.training import OBJECTIVE_VERSION, TrainConfig, state_segments, train_mdm
 from mimdm.pipelines.zoo import grids_to_tokens, load_sudoku_mdm, solve_rate, sudoku_mdm_dir, tokens_to_grids
 from mimdm.sampling.decoding import Sequential, decode
 
@@ -281,7 +281,7 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
         if step < target:  # out of time
             break
     if step >= train_cfg.steps and not (state_dir / "model.pt").exists():
-        segments = json.loads(load_checkpoint(state_path).get("segments", '[{"from_step": 0, "device": "cpu"}]'))
+        segments = state_segments(load_checkpoint(state_path))
         devices = sorted({s["device"] for s in segments})
         atomic_save({
             "kind": "sudoku_mdm", "state_dict": {k: v.cpu() for k, v in model.state_dict().items()},
