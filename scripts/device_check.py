@@ -370,7 +370,8 @@ def step_protein_head(ctx: dict) -> dict:
 
 STEP_FNS = {name: globals()[f"step_{name}"] for name in STEPS}
 #: The earlier steps whose results a step reads: it is skipped, naming them, when one of them failed or was skipped.
-NEEDS = {"sudoku_probing": ("sudoku_forward",), "mi_head": ("sudoku_forward",), "decoding": ("sudoku_forward", "mi_head"),
+NEEDS = {"sudoku_probing": ("sudoku_forward",), "mi_head": ("sudoku_forward",), "sudoku_training": ("sudoku_forward",),
+         "decoding": ("sudoku_forward", "mi_head"),
          "likelihood": ("sudoku_forward",), "protein_probing": ("esmc_forward",), "protein_head": ("esmc_forward",)}
 
 

@@ -54,7 +54,8 @@ elif [ "$SYSTEM_PYTHON" = 1 ] || { [ "$SYSTEM_PYTHON" = auto ] && [ ! -e "$VENV"
   RUN_PY=python3
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   log "using the machine's python3 ($(python3 -c 'import torch; print("torch", torch.__version__)')), nothing installed"
-  if [ -d .whl ]; then
+  if compgen -G ".whl/*.whl" >/dev/null; then
+    rm -rf /tmp/device_check_site
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/device_check_site .whl/*.whl
     export PYTHONPATH="$PYTHONPATH:/tmp/device_check_site"
     log "added the wheels of .whl/: $(ls .whl | tr '\n' ' ')"
