@@ -12,6 +12,7 @@ from mimdm.evaluation.evalcache import (
     cached_decode,
     decode_key,
     recheck,
+    same_decode,
     rule_from_key,
     rule_key,
 )
@@ -194,6 +195,18 @@ def test_rule_from_key_inverts_rule_key():
         rule_from_key(rule_key(MIGuided(head_mi_fn(head, -1))), {})
     with pytest.raises(KeyError, match="no decoding rule named"):
         rule_from_key({"class": "decode"})
+
+
+def test_same_decode_ignores_which_tied_cells_went_first_but_not_the_rest():
+    tok = torch.tensor([[1, 2, 3, 4]])
+    st = torch.tensor([[-1, 0, 1, 1]])  # a given, then one cell, then two together
+    nfe = torch.tensor([2])
+    assert same_decode(tok, st, nfe, tok, st, nfe)
+    assert same_decode(tok, torch.tensor([[-1, 1, 0, 1]]), nfe, tok, st, nfe)  # another cell first, same counts
+    assert not same_decode(tok, torch.tensor([[-1, 0, 0, 1]]), nfe, tok, st, nfe)  # two cells at step 0: other counts
+    assert not same_decode(tok, torch.tensor([[0, 0, 1, 1]]), nfe, tok, st, nfe)  # a given decoded
+    assert not same_decode(torch.tensor([[1, 2, 4, 3]]), st, nfe, tok, st, nfe)
+    assert not same_decode(tok, st, torch.tensor([3]), tok, st, nfe)
 
 
 def test_recheck_redecodes_stored_argmax_runs(tiny, x, tmp_path):

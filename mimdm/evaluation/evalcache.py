@@ -262,6 +262,23 @@ def cached_time_free_nll(cache: EvalCache | None, model, tokens_BL: Tensor, n_sa
     return res["value"].to(tokens_BL.device)
 
 
+def same_decode(tokens_BL: Tensor, step_of_BL: Tensor, nfe_B: Tensor, ref_tokens_BL: Tensor, ref_step_of_BL: Tensor,
+                ref_nfe_B: Tensor) -> bool:
+    """Whether two decodes of the same inputs agree: the same tokens ``[B, L]`` and NFE ``[B]``, and in each sequence
+    the same number of cells unmasked at each step (``step_of [B, L]``: the step that unmasked a cell, -1 for a
+    given), whichever cells those were (see `recheck`)."""
+    if not (torch.equal(tokens_BL, ref_tokens_BL) and torch.equal(nfe_B, ref_nfe_B)):
+        return False
+    if step_of_BL.shape != ref_step_of_BL.shape:
+        return False
+    n_bins = int(max(step_of_BL.max(), ref_step_of_BL.max())) + 2
+
+    def per_step(step_of):  # [B, n_bins]: givens in bin 0, step s in bin s + 1
+        return torch.stack([torch.bincount(row.long() + 1, minlength=n_bins) for row in step_of])
+
+    return bool(torch.equal(per_step(step_of_BL), per_step(ref_step_of_BL)))
+
+
 def recheck(cache: EvalCache, model, heads: dict | None = None, n_rows: int = 8) -> dict:
     """Re-decode the first ``n_rows`` sequences of one stored argmax decode of ``model`` per kind of rule, and
     compare with the stored result.
@@ -271,8 +288,13 @@ def recheck(cache: EvalCache, model, heads: dict | None = None, n_rows: int = 8)
     rule class plus its MI source (``MIGuided/head``, ``MIGuided/zero``); rules whose head is not in ``heads`` or
     that probe (the oracle) are skipped.
 
+    Agreement (`same_decode`) is of tokens, NFE and the number of cells each step unmasked, not of the step of each
+    cell: late in a decode many cells' confidences saturate at 1 to float rounding, and which of those tied cells
+    an order picks first follows the CPU's rounding (measured: a Sudoku MDM's stored sequential decodes re-decoded on
+    another CPU gave the same tokens and NFE with cells unmasked in another order).
+
     Returns:
-        ``{"entries": stored files, "rechecked": {kind: True if tokens, steps and NFE agree exactly}}``.
+        ``{"entries": stored files, "rechecked": {kind: True if the re-decode agrees}}``.
     """
     msha = module_sha256(model)
     done = {}
@@ -294,10 +316,9 @@ def recheck(cache: EvalCache, model, heads: dict | None = None, n_rows: int = 8)
         tok, st, nfe = (res[k][:n_rows].long() for k in ("tokens", "step_of", "nfe"))
         x = torch.where(st >= 0, torch.full_like(tok, model.mask_id), tok).to(model.device)
         out = decode(model, x, rule, seed=key["seed"])
-        done[kind] = bool(torch.equal(out.tokens.cpu(), tok) and torch.equal(out.step_of.cpu(), st)
-                          and torch.equal(out.nfe.cpu(), nfe))
+        done[kind] = same_decode(out.tokens.cpu(), out.step_of.cpu(), out.nfe.cpu(), tok, st, nfe)
     return {"entries": len(files), "rechecked": dict(sorted(done.items()))}
 
 
 __all__ = ["CACHE_VERSION", "EvalCache", "cached_conditional_nll", "cached_decode", "cached_record", "cached_time_free_nll", "decode_key", "module_sha256",
-           "recheck", "rule_from_key", "rule_key", "tensor_sha256"]
+           "recheck", "rule_from_key", "rule_key", "same_decode", "tensor_sha256"]
