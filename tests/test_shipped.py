@@ -193,8 +193,8 @@ def test_every_shipped_checkpoint_verifies_and_reproduces_its_evaluation(tmp_pat
         assert all(m["bytes"] <= shipped.MAX_FILE_BYTES for m in rec["files"].values())
         got, want = _flat(ship.reproduce(rec)), _flat(rec["evaluation"]["reproduce"])
         assert set(got) == set(want), rec["slot"]
-        for k in want:
-            assert got[k] == pytest.approx(want[k], rel=1e-6, abs=1e-9), (rec["slot"], k)
+        for k in want:  # rel 1e-5: on another CPU the heads' MI sums moved by up to 2.5e-6 (float rounding, 2026-12-04)
+            assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-9), (rec["slot"], k)
 
 
 def test_readme_lists_every_slot(roots):
