@@ -197,3 +197,13 @@ def test_deep24_is_relation24_with_seven_layers():
     from mimdm.core.shipped import MAX_FILE_BYTES
 
     assert 1_380_000 < n < 1_400_000 and 12 * n + 1_000_000 < MAX_FILE_BYTES  # state.pt: weights + two AdamW moments
+
+
+def test_batch256_is_relation24_with_four_times_the_batch():
+    from dataclasses import replace
+
+    from mimdm.pipelines.long_run import RUNS, batch256_run_configs, relation24_run_configs
+
+    (mb, tb, cb), (m, t, c) = batch256_run_configs(), relation24_run_configs()
+    assert (mb, replace(tb, batch_size=t.batch_size), cb) == (m, t, c) and (tb.batch_size, t.batch_size) == (256, 64)
+    assert RUNS["batch256"] == (batch256_run_configs, "sudoku_cpu_batch256")
