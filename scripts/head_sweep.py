@@ -10,10 +10,13 @@ clips gradients at norm 1, starts the one-cycle warm-up over the first 10% of st
 the run, so its row "shipped training" compares with the other rows of the sweep, not with the book's head. Variants: the shipped bilinear head (`MIHead`) at the shipped
 and at longer training, and `TrunkHead`s: K pre-norm transformer layers over the MDM's hidden states before the
 same bilinear head, asking whether a head that can combine cells before pairing them fits what one bilinear form
-on the last hidden states does not. Results are written after each variant to ``--out``/head_sweep.json; a variant
+on the last hidden states does not; and `AttentionPairHead`s, which add the MDM's own attention probabilities of every
+layer and head (`mimdm.models.sudoku.SudokuMDM.attention_maps`, computed anyway by a decoding pass) and their two-hop
+products to the pair features, asking whether the attention pattern tells the head what the hidden states do not. Results are written after each variant to ``--out``/head_sweep.json; a variant
 is skipped when the time left (``--budget-s``) is under its estimate.
 
     PYTHONPATH=. python3 scripts/head_sweep.py --device cuda --out $OUT --budget-s 240
+    .venv/bin/python scripts/head_sweep.py --device cpu --only attention --budget-s 1800   # the CPU record
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -60,19 +64,72 @@ class TrunkHead(nn.Module):
         return self.head(self.trunk(x), masked_BL, entropy_BL)
 
 
-def to_device(data: dict, layer: int, mask_id: int, device) -> dict:
+class AttentionPairHead(nn.Module):
+    """Pair features from the MDM's attention (``n_maps`` = 0: none, the same MLP on the bilinear units alone): for every layer and head n, log(A^n_ij + 1e-4) and log(A^n_ji + 1e-4),
+    and (``two_hop``) log((S^n S^nᵀ)_ij + 1e-4) with S^n = A^n + A^nᵀ summed over masked k only; (``hidden``) plus the
+    shipped head's bilinear units, SiLU(a_ic · a_jc / √r + e_ic · e_jc) for C channels of rank r from the last hidden
+    states. A two-layer MLP of width ``width`` maps each pair's features to a logit s_ij (symmetrised), and
+    MI_ij = (H_i + H_j)/2 · sigmoid(s_ij) on masked pairs, as the shipped head's ``bound="mean"``."""
+
+    uses_attention = True
+
+    def __init__(self, n_maps: int, d_in: int, hidden: bool, two_hop: bool, channels: int = 8, rank: int = 16,
+                 width: int = 32):
+        super().__init__()
+        self.n_maps, self.hidden, self.two_hop, self.channels, self.rank = n_maps, hidden, two_hop, channels, rank
+        n_in = n_maps * (3 if two_hop else 2) + (channels if hidden else 0)
+        if hidden:
+            self.norm = nn.LayerNorm(d_in)
+            self.feat = nn.Sequential(nn.Linear(d_in, 128), nn.GELU(), nn.Linear(128, channels * rank))
+            self.pos = nn.Parameter(torch.randn(81, channels, 4) * 0.5)
+        self.mlp = nn.Sequential(nn.Linear(n_in, width), nn.SiLU(), nn.Linear(width, 1))
+        nn.init.constant_(self.mlp[-1].bias, -4.0)
+
+    def forward(self, hidden_BLD, masked_BL, entropy_BL, attn_BNLL):
+        B, L, _ = hidden_BLD.shape
+        feats = []
+        if self.n_maps:
+            A = attn_BNLL.float()
+            logA = torch.log(A + 1e-4)
+            feats += [logA, logA.transpose(-1, -2)]
+        if self.two_hop and self.n_maps:
+            S = (A + A.transpose(-1, -2)) * masked_BL[:, None, None, :].float()
+            feats.append(torch.log(S @ S.transpose(-1, -2) + 1e-4))
+        if self.hidden:
+            a = self.feat(self.norm(hidden_BLD.float())).view(B, L, self.channels, self.rank).transpose(1, 2)
+            a = a * self.rank ** -0.25
+            e = self.pos.transpose(0, 1)
+            feats.append(F.silu(a @ a.transpose(-1, -2) + e @ e.transpose(-1, -2)))
+        s = self.mlp(torch.cat(feats, 1).permute(0, 2, 3, 1)).squeeze(-1)  # [B, L, L]
+        s = (s + s.transpose(1, 2)) / 2
+        pairs = masked_BL[:, :, None] & masked_BL[:, None, :] & ~torch.eye(L, dtype=torch.bool, device=s.device)
+        return (entropy_BL[:, :, None] + entropy_BL[:, None, :]) / 2 * torch.sigmoid(s) * pairs
+
+
+def to_device(data: dict, layer: int, mask_id: int, device, model=None) -> dict:
     """A label split on ``device``: ``h`` hidden states [N, L, D], ``m`` masked [N, L] bool, ``e`` entropies [N, L] nats,
-    ``mi`` probed MI [N, L, L] nats."""
-    return {"h": data[f"hidden_{layer}"].to(device), "m": (data["tokens"] == mask_id).to(device),
-            "e": data["entropy"].to(device), "mi": data["mi"].to(device)}
+    ``mi`` probed MI [N, L, L] nats; with ``model``, also ``a``: its attention probabilities [N, layers·heads, L, L]
+    (float16, `SudokuMDM.attention_maps`)."""
+    d = {"h": data[f"hidden_{layer}"].to(device), "m": (data["tokens"] == mask_id).to(device),
+         "e": data["entropy"].to(device), "mi": data["mi"].to(device)}
+    if model is not None:
+        tok = data["tokens"].long().to(device)
+        d["a"] = torch.cat([model.attention_maps(tok[s:s + 64])[0].flatten(1, 2).half() for s in range(0, len(tok), 64)])
+    return d
+
+
+def call(net, d: dict, b) -> torch.Tensor:
+    """``net`` on the rows ``b`` (a slice or an index tensor) of split ``d``."""
+    if getattr(net, "uses_attention", False):
+        return net(d["h"][b], d["m"][b], d["e"][b], d["a"][b])
+    return net(d["h"][b], d["m"][b], d["e"][b])
 
 
 @torch.no_grad()
 def predict(net, d: dict, bs: int = 128) -> torch.Tensor:
     """Predicted MI [N, L, L] nats (on the CPU) of a split from `to_device`, in batches of ``bs``."""
     net.eval()
-    return torch.cat([net(d["h"][s:s + bs], d["m"][s:s + bs], d["e"][s:s + bs]).cpu()
-                      for s in range(0, len(d["h"]), bs)])
+    return torch.cat([call(net, d, slice(s, s + bs)).cpu() for s in range(0, len(d["h"]), bs)])
 
 
 def fit(net, tr: dict, va: dict, epochs: int, lr: float, bs: int = 32, wd: float = 0.01, seed: int = 0) -> float:
@@ -90,7 +147,7 @@ def fit(net, tr: dict, va: dict, epochs: int, lr: float, bs: int = 32, wd: float
         perm = torch.from_numpy(rng.permutation(n)).to(tr["h"].device)
         for s in range(0, n, bs):
             b = perm[s:s + bs]
-            loss = mi_loss(net(tr["h"][b], tr["m"][b], tr["e"][b]), tr["mi"][b], tr["m"][b])
+            loss = mi_loss(call(net, tr, b), tr["mi"][b], tr["m"][b])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
@@ -114,7 +171,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("head_sweep_out"))
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every variant's epochs (a CPU dry run: 0.02)")
+    ap.add_argument("--only", default=None, help="run only the variants whose name contains this text")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = ap.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            ap.error("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(args.device)
@@ -126,10 +189,9 @@ def main(argv=None) -> int:
     unpack_labels(model, profile.labels, tmp)
     layer, mask_id = profile.head_train.layer, model.mask_id
     cpu = {s: load_labels(tmp, s) for s in ("train", "val", "test")}
-    gpu = {s: to_device(cpu[s], layer, mask_id, dev) for s in cpu}
     hcfg = head_config_for(profile, model)
     rec = {"device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
-           "commit": git_commit(),
+           "commit": git_commit(), "only": args.only, "threads": torch.get_num_threads(),
            "labels": {s: int(len(cpu[s]["tokens"])) for s in cpu}, "head_config": hcfg.to_dict(),
            "shipped_train": profile.head_train.to_dict(), "setup_s": time.perf_counter() - t0, "variants": []}
     print(json.dumps({k: rec[k] for k in ("device", "labels", "setup_s")}), flush=True)
@@ -141,7 +203,22 @@ def main(argv=None) -> int:
         ("trunk 4x64 + bilinear, 150 epochs", lambda: TrunkHead(hcfg.d_in, 64, 4, hcfg), 150, 2e-3, 50),
         ("trunk 2x128 + bilinear, 150 epochs", lambda: TrunkHead(hcfg.d_in, 128, 2, hcfg), 150, 1e-3, 45),
         ("trunk 4x128 + bilinear, 200 epochs", lambda: TrunkHead(hcfg.d_in, 128, 4, hcfg), 200, 1e-3, 70),
+        ("attention maps only, 40 epochs", lambda: AttentionPairHead(n_maps, hcfg.d_in, False, False), 40, 5e-3, 8),
+        ("attention maps + bilinear units, 40 epochs", lambda: AttentionPairHead(n_maps, hcfg.d_in, True, False), 40,
+         5e-3, 10),
+        ("attention maps + two-hop + bilinear units, 40 epochs",
+         lambda: AttentionPairHead(n_maps, hcfg.d_in, True, True), 40, 5e-3, 12),
+        ("attention-head MLP on the bilinear units alone (no maps), 40 epochs",
+         lambda: AttentionPairHead(0, hcfg.d_in, True, False), 40, 5e-3, 8),
     ]
+    n_maps = model.config.n_layers * model.config.n_heads
+    if args.only is not None:
+        variants = [v for v in variants if args.only in v[0]]
+        if not variants:
+            ap.error(f"no variant's name contains {args.only!r}")
+    attention = any("attention" in v[0] for v in variants)
+    gpu = {s: to_device(cpu[s], layer, mask_id, dev, model if attention else None) for s in cpu}
+    rec["setup_s"] = time.perf_counter() - t0
     for name, build, epochs, lr, est in variants:
         epochs = max(2, int(round(epochs * args.scale)))
         left = args.budget_s - (time.perf_counter() - t0)

@@ -319,3 +319,24 @@ def test_relation_bias_starts_as_the_plain_model_and_can_restrict_attention():
         z[:, 9:] = (x[:, 9:] + 1) % 10
         assert torch.allclose(biased(x).logits[:, 0], biased(z).logits[:, 0], atol=1e-5)
         assert not torch.allclose(biased(x).logits[:, 9], biased(z).logits[:, 9], atol=1e-3)
+
+
+def test_attention_maps_are_the_forward_pass_written_out():
+    torch.manual_seed(0)
+    for relation in (False, True):
+        model = SudokuMDM(SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, relation_bias=relation)).eval()
+        x = torch.randint(0, 10, (3, 81))
+        attn, logits = model.attention_maps(x)
+        assert attn.shape == (3, 2, 2, 81, 81) and logits.shape == (3, 81, 9)
+        assert torch.allclose(attn.sum(-1), torch.ones(3, 2, 2, 81), atol=1e-5)
+        with torch.no_grad():
+            assert torch.allclose(logits, model(x).logits, atol=1e-5)
+    with torch.no_grad():
+        model.rel_bias[:, :, 1] = 1e4  # every head attends only within the cell's row
+    attn, _ = model.attention_maps(x)
+    row = torch.arange(81) // 9
+    same_row = row[:, None] == row[None, :]
+    assert float(attn[..., ~same_row].abs().max()) < 1e-6
+    assert torch.allclose((attn * same_row).sum(-1), torch.ones(3, 2, 2, 81), atol=1e-5)
+    with pytest.raises(ValueError, match=r"\[B, 81\]"):
+        model.attention_maps(torch.zeros(2, 80, dtype=torch.long))
