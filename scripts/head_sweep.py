@@ -12,11 +12,15 @@ and at longer training, and `TrunkHead`s: K pre-norm transformer layers over the
 same bilinear head, asking whether a head that can combine cells before pairing them fits what one bilinear form
 on the last hidden states does not; and `AttentionPairHead`s, which add the MDM's own attention probabilities of every
 layer and head (`mimdm.models.sudoku.SudokuMDM.attention_maps`, computed anyway by a decoding pass) and their two-hop
-products to the pair features, asking whether the attention pattern tells the head what the hidden states do not. Results are written after each variant to ``--out``/head_sweep.json; a variant
+products to the pair features, asking whether the attention pattern tells the head what the hidden states do not;
+and the shipped head trained on Sudoku-symmetry-augmented contexts (`mimdm.experiments.mi_head.sudoku_symmetry_augment`:
+every epoch a fresh symmetry of each training context, hidden states recomputed by the MDM, MI labels permuted),
+asking whether the bilinear head is short of data rather than of capacity. Results are written after each variant to ``--out``/head_sweep.json; a variant
 is skipped when the time left (``--budget-s``) is under its estimate.
 
     PYTHONPATH=. python3 scripts/head_sweep.py --device cuda --out $OUT --budget-s 240
     .venv/bin/python scripts/head_sweep.py --device cpu --only attention --budget-s 1800   # the CPU record
+    .venv/bin/python scripts/head_sweep.py --device cpu --only augmentation --threads 1 --budget-s 3600
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from mimdm.app.profiles import get_profile  # noqa: E402
 from mimdm.core.artifacts import git_commit  # noqa: E402
-from mimdm.experiments.mi_head import accuracy, head_config_for  # noqa: E402
+from mimdm.experiments.mi_head import accuracy, head_config_for, sudoku_symmetry_augment  # noqa: E402
 from mimdm.heads.mi_head import MIHead, mi_loss  # noqa: E402
 from mimdm.pipelines.labels import PACKED, load_labels, unpack_labels  # noqa: E402
 from mimdm.pipelines.zoo import load_sudoku_mdm  # noqa: E402
@@ -132,17 +136,25 @@ def predict(net, d: dict, bs: int = 128) -> torch.Tensor:
     return torch.cat([call(net, d, slice(s, s + bs)).cpu() for s in range(0, len(d["h"]), bs)])
 
 
-def fit(net, tr: dict, va: dict, epochs: int, lr: float, bs: int = 32, wd: float = 0.01, seed: int = 0) -> float:
+def fit(net, tr: dict, va: dict, epochs: int, lr: float, bs: int = 32, wd: float = 0.01, seed: int = 0,
+        augment=None) -> float:
     """Train ``net`` in place on split ``tr`` (see the module docstring); returns the best validation `mi_loss` on ``va``,
-    whose weights ``net`` ends with. Raises FloatingPointError when no validation loss was finite."""
+    whose weights ``net`` ends with. ``augment``: if given, ``augment(rng)`` returns each epoch's training split in
+    place of ``tr`` (as many contexts; ``rng`` seeded with ``[seed, 1]``). Raises FloatingPointError when no
+    validation loss was finite."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
+    aug_rng = np.random.default_rng([seed, 1])
+    stored = tr
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=wd)
     n = len(tr["h"])
     steps = math.ceil(n / bs)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=epochs * steps, pct_start=0.1)
     best, best_state = math.inf, None
     for ep in range(epochs):
+        if augment is not None:
+            tr = augment(aug_rng)
+            assert len(tr["h"]) == len(stored["h"])
         net.train()
         perm = torch.from_numpy(rng.permutation(n)).to(tr["h"].device)
         for s in range(0, n, bs):
@@ -210,6 +222,7 @@ def main(argv=None) -> int:
          lambda: AttentionPairHead(n_maps, hcfg.d_in, True, True), 40, 5e-3, 12),
         ("attention-head MLP on the bilinear units alone (no maps), 40 epochs",
          lambda: AttentionPairHead(0, hcfg.d_in, True, False), 40, 5e-3, 8),
+        ("shipped bilinear + symmetry augmentation, 200 epochs", lambda: MIHead(hcfg), 200, lr0, 120),
     ]
     n_maps = model.config.n_layers * model.config.n_heads
     if args.only is not None:
@@ -229,7 +242,11 @@ def main(argv=None) -> int:
         t1 = time.perf_counter()
         torch.manual_seed(0)
         net = build().to(dev)
-        best_val = fit(net, gpu["train"], gpu["val"], epochs, lr)
+        augment = None
+        if "symmetry augmentation" in name:  # a fresh Sudoku symmetry of every training context each epoch
+            def augment(rng):
+                return to_device(sudoku_symmetry_augment(model, cpu["train"], layer, rng), layer, mask_id, dev)
+        best_val = fit(net, gpu["train"], gpu["val"], epochs, lr, augment=augment)
         row = {"name": name, "parameters": sum(p.numel() for p in net.parameters()), "epochs": epochs, "lr": lr,
                "best_val_loss": best_val}
         for s in ("train", "val", "test"):

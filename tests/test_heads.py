@@ -451,3 +451,74 @@ def test_packed_label_set_unpacks_to_the_same_shards(tmp_path):
         unpack_labels(model, dataclasses.replace(cfg, n_shards=3), tmp_path / "b")
     with pytest.raises(FileNotFoundError, match="no packed label set"):
         unpack_labels(model, cfg, tmp_path / "none")
+
+
+def test_random_symmetry_maps_move_units_onto_units():
+    from mimdm.data import sudoku as sd
+
+    cells, digits = sd.random_symmetry_maps(64, np.random.default_rng(3))
+    r, c = np.divmod(np.arange(81), 9)
+    b = (r // 3) * 3 + c // 3
+    same_unit = (r[:, None] == r) | (c[:, None] == c) | (b[:, None] == b)
+    assert (np.sort(cells, 1) == np.arange(81)).all()
+    assert (digits[:, 0] == 0).all() and (np.sort(digits[:, 1:], 1) == np.arange(1, 10)).all()
+    for k in range(64):  # the constraint graph is invariant: 810 pairs share a unit, before and after
+        assert (same_unit[cells[k]][:, cells[k]] == same_unit).all()
+    assert len({tuple(x) for x in cells}) == 64  # 64 distinct maps
+    grids = sd.random_solutions(64, 0)
+    moved = np.take_along_axis(digits, np.take_along_axis(grids.astype(np.intp), cells, 1), 1)
+    assert sd.is_valid_solution_batch(moved).all()
+
+
+def test_sudoku_symmetry_augment_permutes_labels_and_recomputes_inputs():
+    from mimdm.data import sudoku as sd
+    from mimdm.experiments.mi_head import random_symmetry_tensors, sudoku_symmetry_augment
+
+    torch.manual_seed(0)
+    model = SudokuMDM(TINY).eval()
+    sol = torch.from_numpy(sd.random_solutions(6, 1).astype(np.int64) - 1)  # values 0..8
+    masked = torch.rand(6, 81, generator=torch.Generator().manual_seed(2)) < 0.5
+    tokens = torch.where(masked, model.mask_id, model.value_token_ids[sol])
+    mi = torch.rand(6, 81, 81, generator=torch.Generator().manual_seed(4))
+    split = {"tokens": tokens, "mi": mi + mi.transpose(1, 2), "entropy": torch.zeros(6, 81),
+             "hidden_-1": torch.zeros(6, 81, 32, dtype=torch.float16)}
+    out = sudoku_symmetry_augment(model, split, -1, np.random.default_rng(7))
+    cells, digits = random_symmetry_tensors(6, np.random.default_rng(7))  # the same draws
+    new_masked = out["tokens"] == model.mask_id
+    assert (new_masked == masked.gather(1, cells)).all()
+    for k in range(6):
+        assert torch.equal(out["mi"][k], split["mi"][k][cells[k]][:, cells[k]])
+        filled = ~new_masked[k]
+        new_digits = out["tokens"][k][filled] + 1  # value token v writes digit v + 1
+        assert torch.equal(new_digits, digits[k][sol[k].gather(0, cells[k])[filled] + 1])
+    full = torch.where(new_masked, 0, out["tokens"] + 1)
+    sol_moved = torch.stack([digits[k][sol[k][cells[k]] + 1] for k in range(6)])
+    assert sd.is_valid_solution_batch(sol_moved.numpy().astype(np.int8)).all()
+    assert ((full == 0) | (full == sol_moved)).all()
+    h, _, e = head_inputs(model, out["tokens"])
+    assert out["hidden_-1"].dtype == torch.float16
+    assert torch.equal(out["hidden_-1"], h.half()) and torch.allclose(out["entropy"], e.float())
+    assert (out["entropy"][new_masked] > 0).all() and (out["entropy"][~new_masked] == 0).all()
+
+
+def test_train_head_augments_every_epoch_and_keys_only_when_set():
+    data = _synthetic_labels(n=8)
+    calls = []
+
+    def augment(split, rng):
+        calls.append(int(rng.integers(1 << 30)))
+        return split
+
+    cfg = HeadTrainConfig(epochs=3, batch_size=4, augment="sudoku_symmetry")
+    train_head(data, data, MIHeadConfig(16, d_hidden=8, rank=4), cfg, mask_id=9, progress=False, augment=augment)
+    assert len(calls) == 3 and len(set(calls)) == 3  # once per epoch, fresh draws
+    with pytest.raises(ValueError, match="needs an augment function"):
+        train_head(data, data, MIHeadConfig(16, d_hidden=8, rank=4), cfg, mask_id=9, progress=False)
+    with pytest.raises(ValueError, match="unknown augment 'flip'"):
+        train_head(data, data, MIHeadConfig(16, d_hidden=8, rank=4), dataclasses.replace(cfg, augment="flip"),
+                   mask_id=9, progress=False, augment=augment)
+    with pytest.raises(ValueError, match="augment returned 4 contexts for 8"):
+        train_head(data, data, MIHeadConfig(16, d_hidden=8, rank=4), cfg, mask_id=9, progress=False,
+                   augment=lambda s, rng: {k: v[:4] for k, v in s.items()})
+    assert "augment" not in HeadTrainConfig().to_dict()  # earlier heads' cache keys hold
+    assert cfg.to_dict()["augment"] == "sudoku_symmetry"

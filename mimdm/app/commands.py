@@ -416,7 +416,7 @@ def cmd_fit_head(args) -> int:
         tcfg = p.aligned_head_train if p.protein_backbone == "potts" else p.protein_head_train
     path = _head_path(labels, hcfg, tcfg)
     cached = path.exists()
-    head, hrec = load_or_train_head(labels, hcfg, tcfg, model.mask_id, progress=progress, device=dev)
+    head, hrec = load_or_train_head(labels, hcfg, tcfg, model.mask_id, progress=progress, device=dev, model=model)
     _log(_head_summary(head, hrec, path, cached))
     return 0
 

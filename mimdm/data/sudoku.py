@@ -591,11 +591,45 @@ def random_solutions(n: int, rng) -> np.ndarray:
     return np.take_along_axis(table, grids.reshape(n, N_CELLS).astype(np.intp), axis=1)
 
 
+def random_symmetry_maps(n: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` random validity-preserving Sudoku symmetries, as index maps.
+
+    Each symmetry permutes the rows within bands, the bands, the columns within stacks and the stacks, transposes
+    with probability 1/2, and relabels the digits 1..9 uniformly at random (the maps `random_symmetries` applies;
+    together with the row and column maps they generate the grid's validity-preserving group). Apply one as
+    ``new = digits[k][old[cells[k]]]``: cell ``c`` of the new grid takes cell ``cells[k, c]`` of the old one.
+
+    Args:
+        n: number of symmetries, >= 0.
+        rng: ``np.random.Generator`` (or a seed).
+
+    Returns:
+        ``(cells [n, 81] intp, digits [n, 10] int8)``: ``cells[k]`` a permutation of 0..80 that maps every row,
+        column and box onto a row, column or box; ``digits[k, 0] = 0`` (blank stays blank) and ``digits[k, 1:]`` a
+        permutation of 1..9.
+
+    Raises:
+        SudokuError: ``n`` negative or not an integer.
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise SudokuError(f"n must be a non-negative integer, got {n!r}")
+    n = int(n)
+    rng = np.random.default_rng(rng)
+    rows = _random_line_perm(n, rng)
+    cols = _random_line_perm(n, rng)
+    cells = rows[:, :, None] * 9 + cols[:, None, :]  # [n, 9, 9]: new (r, c) <- old (rows[r], cols[c])
+    t = rng.random(n) < 0.5
+    cells[t] = cells[t].transpose(0, 2, 1)
+    digits = np.zeros((n, 10), dtype=np.int8)
+    digits[:, 1:] = rng.permuted(np.tile(np.arange(1, 10, dtype=np.int8), (n, 1)), axis=1)
+    return cells.reshape(n, N_CELLS).astype(np.intp), digits
+
+
 def random_symmetries(grids, rng) -> np.ndarray:
     """Apply one random validity-preserving symmetry per item to stacks of grids, jointly.
 
     Each item ``grids[i]`` (e.g. a puzzle and its solution) gets the same random symmetry on all
-    of its ``K`` grids: rows permuted within bands, bands permuted, columns within stacks,
+    of its ``K`` grids (`random_symmetry_maps`): rows permuted within bands, bands permuted, columns within stacks,
     stacks, transpose with probability 1/2, and a uniformly random relabelling of the digits 1..9
     (0 = blank stays 0). These maps keep a grid valid and a puzzle's solution unique (they are
     bijections of the completions). The output depends only on ``rng``.
@@ -615,21 +649,12 @@ def random_symmetries(grids, rng) -> np.ndarray:
         raise SudokuError(f"grids must have shape [n, K, 81], got {a.shape}")
     if a.size and (not np.issubdtype(a.dtype, np.integer) or a.min() < 0 or a.max() > 9):
         raise SudokuError("grid values must be integers 0 (blank) or 1..9")
-    rng = np.random.default_rng(rng)
     n, k = a.shape[:2]
     if n == 0:
         return np.zeros(a.shape, dtype=np.int8)
-    g = a.reshape(n, k, 9, 9)
-    rows = _random_line_perm(n, rng)
-    cols = _random_line_perm(n, rng)
-    g = g[np.arange(n)[:, None, None, None], np.arange(k)[None, :, None, None],
-          rows[:, None, :, None], cols[:, None, None, :]]
-    t = rng.random(n) < 0.5
-    g[t] = g[t].transpose(0, 1, 3, 2)
-    table = np.zeros((n, 10), dtype=np.int8)
-    table[:, 1:] = rng.permuted(np.tile(np.arange(1, 10, dtype=np.int8), (n, 1)), axis=1)
-    flat = g.reshape(n, k * N_CELLS).astype(np.intp)
-    return np.take_along_axis(table, flat, axis=1).reshape(n, k, N_CELLS)
+    cells, digits = random_symmetry_maps(n, rng)
+    moved = np.take_along_axis(a.astype(np.intp), np.broadcast_to(cells[:, None, :], a.shape), axis=2)
+    return np.take_along_axis(digits, moved.reshape(n, k * N_CELLS), axis=1).reshape(n, k, N_CELLS)
 
 
 # --------------------------------------------------------------------------- puzzles

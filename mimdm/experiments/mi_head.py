@@ -20,6 +20,7 @@ from mimdm.heads.mi_head import (
     MIHead,
     MIHeadConfig,
     forward_and_head_seconds,
+    head_inputs,
     load_head,
     predict_mi,
     save_head,
@@ -65,20 +66,88 @@ def with_target(data: dict, target: str = "mi") -> dict:
     return {**data, "mi": data[target]}
 
 
+def sudoku_symmetry_augment(model: MaskedModel, split: dict, layer: int, rng: np.random.Generator,
+                            batch_size: int = 256) -> dict:
+    """A label split moved by one random Sudoku symmetry per context (the `HeadTrainConfig` ``augment`` of
+    ``"sudoku_symmetry"``).
+
+    Each context gets a validity-preserving symmetry (`mimdm.data.sudoku.random_symmetry_maps`: cells permuted
+    within the row/column/box structure, digits relabelled); its MI matrix is permuted with the cells and its hidden
+    states and entropies are recomputed by ``model`` on the new tokens (`mimdm.heads.mi_head.head_inputs`), so the
+    head sees the inputs it would see at test time. The MI label is exact for an MDM equivariant under these
+    symmetries (the true conditionals are) and approximate for a learned one; the MDM never learns anything here.
+
+    Args:
+        model: the Sudoku MDM (81 positions, 9 values) whose labels these are.
+        split: from `mimdm.pipelines.labels.load_labels`: ``tokens [N, 81]``, ``mi [N, 81, 81]`` nats.
+        layer: the hidden-state layer the head reads.
+        rng: the symmetries' generator.
+        batch_size: contexts per MDM pass.
+
+    Returns:
+        ``{"tokens" [N, 81] long, "mi" [N, 81, 81] (the split's dtype), "entropy" [N, 81] float32 nats,
+        f"hidden_{layer}" [N, 81, D] (the split's hidden dtype, or float32)}`` on the CPU.
+
+    Raises:
+        ValueError: not an 81-position, 9-value model, or a non-finite MDM output.
+    """
+    if model.n_values != 9 or split["tokens"].shape[-1] != sd.N_CELLS:
+        raise ValueError(f"sudoku_symmetry_augment needs 81 positions and 9 values, got "
+                         f"{split['tokens'].shape[-1]} and {model.n_values}")
+    tok = split["tokens"].long()
+    n = len(tok)
+    cells, digits = random_symmetry_tensors(n, rng)
+    values = model.value_token_ids.cpu().long()  # value v (digit v + 1) -> token
+    vocab = torch.arange(max(int(values.max()), int(model.mask_id), int(tok.max())) + 1)
+    table = vocab.repeat(n, 1)  # [N, vocab]: every context's token relabelling
+    table[:, values] = values[digits[:, 1:] - 1]
+    moved = tok.gather(1, cells)
+    new = table.gather(1, moved)
+    ar = torch.arange(n)[:, None, None]
+    mi = split["mi"][ar, cells[:, :, None], cells[:, None, :]]
+    key = f"hidden_{layer}"
+    dtype = split[key].dtype if key in split else torch.float32
+    hs, es = [], []
+    with torch.no_grad():
+        for s in range(0, n, batch_size):
+            h, _, e = head_inputs(model, new[s:s + batch_size].to(model.device), layer)
+            if not (torch.isfinite(h).all() and torch.isfinite(e).all()):
+                raise ValueError("the MDM gave a non-finite hidden state or entropy on an augmented context")
+            hs.append(h.to(dtype).cpu())
+            es.append(e.float().cpu())
+    return {"tokens": new, "mi": mi, "entropy": torch.cat(es), key: torch.cat(hs)}
+
+
+def random_symmetry_tensors(n: int, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """`mimdm.data.sudoku.random_symmetry_maps` as long tensors: ``(cells [n, 81], digits [n, 10])``."""
+    cells, digits = sd.random_symmetry_maps(n, rng)
+    return torch.from_numpy(cells).long(), torch.from_numpy(digits.astype(np.int64))
+
+
 def load_or_train_head(labels: Path, head_cfg: MIHeadConfig, train_cfg: HeadTrainConfig, mask_id: int,
-                       progress: bool = True, device="cpu", target: str = "mi") -> tuple[MIHead, dict]:
+                       progress: bool = True, device="cpu", target: str = "mi",
+                       model: MaskedModel | None = None) -> tuple[MIHead, dict]:
     """The head of these configs trained on ``labels`` (cached in the artifacts by config), loaded on ``device``.
 
     Training runs on the CPU from the stored hidden states. ``target``: which labels it learns
-    (`with_target`; default the probed MI ``"mi"``).
+    (`with_target`; default the probed MI ``"mi"``). ``model``: the MDM of the labels, needed (and used) only when
+    ``train_cfg.augment`` is ``"sudoku_symmetry"`` (`sudoku_symmetry_augment`).
+
+    Raises:
+        ValueError: an augmenting ``train_cfg`` without ``model``.
     """
     d = mi_head_dir(labels, head_cfg.to_dict(), train_cfg.to_dict(), target)
     path = d / "head.pt"
     if not path.exists():
         refuse_training(d, "MI head")
+        augment = None
+        if train_cfg.augment == "sudoku_symmetry":
+            if model is None:
+                raise ValueError("augment='sudoku_symmetry' needs the MDM: load_or_train_head(..., model=model)")
+            augment = lambda split, rng: sudoku_symmetry_augment(model, split, train_cfg.layer, rng)  # noqa: E731
         head, log = train_head(with_target(load_labels(labels, "train"), target),
                                with_target(load_labels(labels, "val"), target), head_cfg, train_cfg,
-                               mask_id, progress=progress)
+                               mask_id, progress=progress, augment=augment)
         save_head(head, path, train_cfg, log)
     return load_head(path, device)
 
@@ -427,11 +496,13 @@ def prepare(profile, model: MaskedModel, model_path: str | Path, progress: bool 
 
     labels = load_or_build_labels(model, model_path, profile.labels, progress)
     hcfg = head_config_for(profile, model)
-    head, rec = load_or_train_head(labels, hcfg, profile.head_train, model.mask_id, progress, model.device)
+    head, rec = load_or_train_head(labels, hcfg, profile.head_train, model.mask_id, progress, model.device,
+                                   model=model)
     out = {"labels": labels, "head": head, "head_record": rec, "ablations": {}}
     if ablations:
         for name, (over, cfg) in ablation_configs(profile).items():
-            h, r = load_or_train_head(labels, replace(hcfg, **over), cfg, model.mask_id, progress, model.device)
+            h, r = load_or_train_head(labels, replace(hcfg, **over), cfg, model.mask_id, progress, model.device,
+                                      model=model)
             out["ablations"][name] = (h, r, cfg)
     return out
 

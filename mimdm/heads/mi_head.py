@@ -55,6 +55,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -454,6 +455,7 @@ def mi_loss(pred_BLL: Tensor, target_BLL: Tensor, masked_BL: Tensor, kind: str =
 
 
 SCHEDULES = ("onecycle", "constant")
+AUGMENTS = ("none", "sudoku_symmetry")
 
 
 @dataclass(frozen=True)
@@ -465,7 +467,10 @@ class HeadTrainConfig:
     steps (at least 2 steps) to the peak ``lr``, cosine annealing after it, and AdamW's β1 cycled inversely between
     0.95 and 0.85, the scheduler's default) or a constant ``lr``.
     The head with the best validation loss is kept; with ``patience`` set, training also stops
-    after that many epochs without improvement.
+    after that many epochs without improvement. ``augment``: ``"none"`` (the stored training split every epoch) or
+    ``"sudoku_symmetry"`` (every epoch a fresh random Sudoku symmetry of each training context, its hidden states
+    and entropies recomputed by the MDM and its MI labels permuted with it:
+    `mimdm.experiments.mi_head.sudoku_symmetry_augment`).
     """
 
     layer: int = -1
@@ -479,11 +484,13 @@ class HeadTrainConfig:
     seed: int = 0
     loss_scale: float = 0.01
     loss_weight_scale: float = 0.05
+    augment: str = "none"
 
     def to_dict(self) -> dict:
-        """The settings as a dict; the loss scales are left out at their defaults (cache keys of earlier heads hold)."""
+        """The settings as a dict; the loss scales and ``augment`` are left out at their defaults (cache keys of
+        earlier heads hold)."""
         d = asdict(self)
-        for k, default in (("loss_scale", 0.01), ("loss_weight_scale", 0.05)):
+        for k, default in (("loss_scale", 0.01), ("loss_weight_scale", 0.05), ("augment", "none")):
             if d[k] == default:
                 del d[k]
         return d
@@ -554,7 +561,8 @@ def _val_loss_sum(head: MIHead, data: dict, layer: int, kind: str, mask_id: int,
 
 def train_head(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrainConfig, mask_id: int,
                    progress: bool = True, save_path: Path | None = None, extra: dict | None = None,
-                   device: str | torch.device | None = None) -> tuple[MIHead, list[dict]]:
+                   device: str | torch.device | None = None,
+                   augment: Callable[[dict, np.random.Generator], dict] | None = None) -> tuple[MIHead, list[dict]]:
     """Train an `MIHead` on stored labels; the head with the best validation loss is returned. Alone, or on the ranks
     of a ``torchrun`` job with `DistributedDataParallel`.
 
@@ -576,7 +584,9 @@ def train_head(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrainCon
     context-weighted mean of the parts' losses.
 
     Alone, each epoch draws a permutation of the training contexts, takes batches of ``cfg.batch_size`` in
-    that order, and validates with `evaluate_loss`. With N > 1 ranks the gradient of a step is the context-weighted mean of the
+    that order, and validates with `evaluate_loss`. With ``cfg.augment`` set, each epoch first replaces the training
+    split by ``augment(train, rng)`` (a generator seeded with ``[cfg.seed, 1]``, the same on every rank; the
+    permutations' generator is unchanged), validating on the stored validation split. With N > 1 ranks the gradient of a step is the context-weighted mean of the
     gradients of the N parts' losses rather than the gradient of one pair-weighted loss over the
     whole batch (`mi_loss` weights pairs, not contexts), so results differ slightly from a run alone; they do not
     depend on anything but ``cfg``, the data and N. All ranks hold identical weights throughout
@@ -590,6 +600,9 @@ def train_head(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrainCon
         save_path: if given, rank 0 saves the best head there (`save_head`, with ``extra`` plus
             ``{"world_size": N}``) before all ranks return.
         device: where to train; default ``cuda:LOCAL_RANK`` under an nccl group, else the CPU.
+        augment: required when ``cfg.augment`` is not ``"none"``: ``(split, rng) -> split`` returning the epoch's
+            training split (``tokens``, ``hidden_<cfg.layer>``, ``entropy``, ``mi``; as many contexts), e.g.
+            `mimdm.experiments.mi_head.sudoku_symmetry_augment` bound to the MDM.
 
     Returns:
         ``(head with the best validation loss (unwrapped, eval mode, on ``device``), log)`` on
@@ -597,10 +610,15 @@ def train_head(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrainCon
 
     Raises:
         KeyError: the labels hold no hidden states of ``cfg.layer``.
-        ValueError: an empty training or validation split.
+        ValueError: an empty training or validation split; an unknown ``cfg.augment``, or one set without
+            ``augment``.
         RuntimeError: the validation loss was never finite.
     """
     key = f"hidden_{cfg.layer}"
+    if cfg.augment not in AUGMENTS:
+        raise ValueError(f"unknown augment {cfg.augment!r}; use one of {AUGMENTS}")
+    if cfg.augment != "none" and augment is None:
+        raise ValueError(f"augment={cfg.augment!r} needs an augment function (train_head(..., augment=...))")
     for name, split in (("training", train), ("validation", val)):
         if len(split.get("tokens", ())) == 0:
             raise ValueError(f"the {name} split holds no contexts: generate more label shards "
@@ -620,11 +638,17 @@ def train_head(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrainCon
         net = torch.nn.parallel.DistributedDataParallel(
             head, device_ids=[device.index] if device.type == "cuda" else None)
     n = len(train["tokens"])
+    aug_rng = np.random.default_rng([cfg.seed, 1])
+    stored = train
     opt, sched = make_optimizer(head, cfg, math.ceil(n / cfg.batch_size))
     best, best_state, bad, log = float("inf"), None, 0, []
     t0 = time.perf_counter()
     for epoch in tqdm(range(cfg.epochs), desc="train MI head" + (f" (DDP x{info.world_size})" if info.active else ""), unit="epoch",
                       disable=not (progress and info.is_main)):
+        if cfg.augment != "none":
+            train = augment(stored, aug_rng)
+            if len(train["tokens"]) != n:
+                raise ValueError(f"augment returned {len(train['tokens'])} contexts for {n}")
         net.train()
         losses = []
         perm = rng.permutation(n)
