@@ -462,7 +462,9 @@ def protein_head_config_for(profile, model: MaskedModel) -> MIHeadConfig:
 def ablation_configs(profile) -> dict[str, tuple[dict, HeadTrainConfig]]:
     """The ablation heads: ``{name: (head-config overrides, training config)}``.
 
-    All train for ``profile.ablation_epochs``: one per input layer (default loss), one per loss
+    All train for ``profile.ablation_epochs`` on the stored contexts (no augmentation, whatever the main head's
+    ``augment``, so the ablations compare architectures and losses under one cheap training): one per input layer
+    (default loss), one per loss
     (default layer), and one per architecture component removed (`mimdm.heads.mi_head` docstring):
     position pairs, the two-hop update, the mean-entropy bound (replaced by the strict min), and
     all three (hidden-state features a_i ⊙ a_j only). When the profile's head is the bilinear one
@@ -471,7 +473,7 @@ def ablation_configs(profile) -> dict[str, tuple[dict, HeadTrainConfig]]:
     """
     from dataclasses import replace
 
-    base = replace(profile.head_train, epochs=profile.ablation_epochs)
+    base = replace(profile.head_train, epochs=profile.ablation_epochs, augment="none")
     out = {f"layer {layer}": ({}, replace(base, layer=layer)) for layer in profile.ablation_layers}
     for loss in ("mse", "log1p", "log1p_weighted"):
         out[f"loss {loss}"] = ({}, replace(base, loss=loss))
