@@ -29,7 +29,7 @@ book: venv
 	$(BIN)/mimdm book --profile $(PROFILE) --device $(DEVICE) $(if $(RETRAIN),--retrain)
 
 test: venv
-	$(BIN)/python -m pytest -q -m "" -n 2 --durations=15
+	$(BIN)/python -m pytest -q -m "" --durations=15
 
 clean:
 	rm -rf _build book/_build

@@ -1,11 +1,7 @@
-import os
-
 import pytest
 import torch
 
-# `make test` runs two pytest-xdist workers on the two cores: one torch thread each (the chapters' kernels that the
-# smoke-book test starts keep their own threads); a plain `pytest` uses up to two.
-torch.set_num_threads(1 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 else min(2, torch.get_num_threads()))
+torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
 @pytest.fixture(autouse=True)
