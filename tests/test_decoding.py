@@ -241,6 +241,74 @@ def test_eb_sampler_prefix_rule():
     assert EBSampler(0.0).select(info, None).tolist() == [[False, True, False, False]]
 
 
+def _greedy_one_by_one(mi, ent, masked, eps, budget, cap):
+    """The sequential greedy pass, position by position (the definition `greedy_admission` must reproduce)."""
+    B, L = masked.shape
+    e = ent.masked_fill(~masked, math.inf)
+    order = e.argsort(1)
+    sel = torch.zeros_like(masked)
+    for b in range(B):
+        total, chosen = 0.0, []
+        for i in order[b].tolist():
+            if not masked[b, i]:
+                continue
+            row = [float(mi[b, i, j]) for j in chosen]
+            if not chosen or (e[b, i] <= cap and max(row) <= eps and total + sum(row) <= budget):
+                chosen.append(i)
+                total += sum(row)
+        sel[b, chosen] = True
+    return sel
+
+
+@pytest.mark.parametrize("budget", [math.inf, 51 / 1024])
+@pytest.mark.parametrize("cap", [math.inf, 0.5])
+def test_greedy_admission_equals_the_one_by_one_pass(budget, cap):
+    from mimdm.sampling.decoding import greedy_admission
+
+    g = torch.Generator().manual_seed(0)
+    B, L = 64, 30
+    ent = torch.rand(B, L, generator=g).round(decimals=1)  # ties in entropy
+    masked = torch.rand(B, L, generator=g) < 0.7
+    masked[0] = False  # a row without masked positions admits nothing
+    # asymmetric, many pairs at or near eps; multiples of 1/1024, so that sums are exact and ties are real
+    mi = (torch.rand(B, L, L, generator=g) ** 6 * 200).round() / 1024
+    n_admitted = 0
+    for eps in (0.0, 1 / 1024, 10 / 1024, 50 / 1024):
+        e = ent.masked_fill(~masked, math.inf)
+        got = greedy_admission(mi, e.argsort(1), masked, masked & (e <= cap), eps, budget)
+        want = _greedy_one_by_one(mi, ent, masked, eps, budget, cap)
+        assert torch.equal(got, want), eps
+        n_admitted += int(got.sum())
+    assert not got[0].any() and got[1:].any(1).all()
+    assert n_admitted > 4 * (B - 1)  # sets of more than one position occur
+
+
+def test_greedy_admission_on_a_chain_of_conflicts_admits_every_other_position():
+    from mimdm.sampling.decoding import greedy_admission
+
+    L = 9
+    mi = torch.zeros(1, L, L)
+    k = torch.arange(L - 1)
+    mi[0, k + 1, k] = mi[0, k, k + 1] = 1.0  # each position conflicts with the one visited before it
+    masked = torch.ones(1, L, dtype=torch.bool)
+    got = greedy_admission(mi, torch.arange(L)[None], masked, masked, 0.5)
+    assert got[0].tolist() == [i % 2 == 0 for i in range(L)]
+    mi[0, 1, 0] = mi[0, 0, 1] = 0.0  # 1 now joins 0; 2 conflicts with 1, and the alternation shifts by one
+    got = greedy_admission(mi, torch.arange(L)[None], masked, masked, 0.5)
+    assert got[0].tolist() == [True, True, False, True, False, True, False, True, False]
+
+
+def test_greedy_admission_rejects_non_finite_mi():
+    from mimdm.core.contract import NonFiniteOutputError
+    from mimdm.sampling.decoding import greedy_admission
+
+    mi = torch.zeros(1, 3, 3)
+    mi[0, 1, 0] = math.nan
+    masked = torch.ones(1, 3, dtype=torch.bool)
+    with pytest.raises(NonFiniteOutputError, match="NaN or infinite MI"):
+        greedy_admission(mi, torch.arange(3)[None], masked, masked, 0.1)
+
+
 def test_mi_guided_greedy_admission_eps_budget_and_cap():
     from mimdm.sampling.decoding import StepInfo
 

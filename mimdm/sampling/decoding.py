@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from mimdm.core.artifacts import module_sha256
-from mimdm.core.contract import MaskedModel
+from mimdm.core.contract import MaskedModel, NonFiniteOutputError
 from mimdm.core.information import entropy_from_log_probs
 from mimdm.probing.exact import probe_mi
 
@@ -244,36 +244,82 @@ class MIGuided(Rule):
         return dict(self._cost)
 
     def select(self, info, model):
-        B, L = info.masked.shape
         ent = info.entropy.masked_fill(~info.masked, float("inf"))
-        order = ent.argsort(1)  # masked positions first, by increasing entropy
-        rows = torch.arange(B, device=ent.device)
+        # after the first (lowest-entropy) position, only masked positions within the cap can be admitted
+        within = info.masked & (ent <= self.entropy_cap)
         if getattr(self.mi_fn, "takes_candidates", False):
-            # MI is read only between admitted positions; after the first, only those within the cap are
-            # admitted, and the first (lowest entropy) is within the cap whenever any other is; a row with
-            # fewer than two candidates takes its first position alone and needs no MI
-            cand = info.masked & (ent <= self.entropy_cap)
-            cand &= cand.sum(1, keepdim=True) >= 2
+            # MI is read only between admitted positions; the first is within the cap whenever any other is, so a
+            # row with fewer than two positions within the cap takes its first position alone and needs no MI
+            cand = within & (within.sum(1, keepdim=True) >= 2)
             mi, extra = self.mi_fn(info, model, candidates=cand)
         else:
             mi, extra = self.mi_fn(info, model)
         for k, v in extra.items():
             self._cost[k] += v
-        sel = torch.zeros_like(info.masked)
-        total = torch.zeros(B, dtype=mi.dtype, device=mi.device)
-        # greedy admission, vectorised over the batch: visit the k-th lowest-entropy candidate of
-        # every sequence at once (one host sync for the loop bound, none inside)
-        for k in range(int(info.masked.sum(1).max())):
-            pos = order[:, k]
-            cand = info.masked[rows, pos]
-            first = ~sel.any(1)
-            row_mi = mi[rows, pos] * sel  # [B, L]: MI with the positions chosen so far
-            ok = cand & (first | ((row_mi.max(1).values <= self.eps)
-                                  & (total + row_mi.sum(1) <= self.budget)
-                                  & (ent[rows, pos] <= self.entropy_cap)))
-            total = total + torch.where(ok, row_mi.sum(1), torch.zeros_like(total))
-            sel[rows, pos] |= ok
+        sel = greedy_admission(mi, ent.argsort(1), info.masked, within, self.eps, self.budget)
         return _at_least_one(sel, info, "entropy")
+
+
+def greedy_admission(mi_BLL: Tensor, order_BL: Tensor, masked_BL: Tensor, within_BL: Tensor, eps: float,
+                     budget: float = math.inf) -> Tensor:
+    """`MIGuided`'s set: visit the positions in ``order`` and admit one if its MI with every position admitted
+    before it is <= ``eps`` nats and the set's summed MI stays <= ``budget``; the first masked position visited is
+    admitted unconditionally, each later one only if it is in ``within``.
+
+    The result is the sequential greedy pass's; it is computed without visiting positions one by one. Only the
+    first position and those in ``within`` can be admitted, and ``order`` must visit the ``within`` positions of a
+    row before its other masked positions (`MIGuided` orders by increasing entropy and ``within`` is an entropy
+    cap), so only the first K = max(1, most ``within`` in a row) visited positions are read. Without a budget,
+    admission is resolved in rounds over all rows and positions at once (Blelloch, Fineman & Shun 2012, "Greedy
+    sequential maximal independent set and matching are parallel on average"): a position is admitted once every
+    earlier position it conflicts with (MI > ``eps``) is rejected, and rejected once one of them is admitted, which
+    gives exactly the sequential result; each round decides at least the earliest undecided position of every row.
+    With a finite budget (order-dependent sums) the K positions are visited one by one.
+
+    Args:
+        mi_BLL: ``[B, L, L]`` MI in nats; row i holds position i's MI with the others (``mi[b, i, j]`` is read when
+            i is visited after j).
+        order_BL: ``[B, L]`` long, the visiting order (a permutation of 0..L-1 per row).
+        masked_BL, within_BL: ``[B, L]`` bool; ``within`` ⊆ ``masked``.
+        eps, budget: nats, >= 0.
+
+    Returns:
+        ``[B, L]`` bool, the admitted positions (none in a row without masked positions).
+
+    Raises:
+        NonFiniteOutputError: NaN or infinite MI between positions that can be admitted.
+    """
+    B, L = masked_BL.shape
+    dev = masked_BL.device
+    K = max(1, int(within_BL.sum(1).max())) if B else 1
+    idx = order_BL[:, :K]  # [B, K]: the positions that can be admitted, in visiting order
+    ok = within_BL.gather(1, idx)
+    ok[:, 0] = masked_BL.gather(1, idx[:, :1])[:, 0]  # the first visited is admitted whatever its entropy
+    sub = mi_BLL[torch.arange(B, device=dev)[:, None, None], idx[:, :, None], idx[:, None, :]]  # [B, K, K]
+    if K > 1 and not torch.isfinite(sub).all():
+        raise NonFiniteOutputError("the MI source returned NaN or infinite MI between positions MI-guided "
+                                   "decoding can admit")
+    if math.isinf(budget):
+        earlier = torch.ones(K, K, dtype=torch.bool, device=dev).tril(-1)  # [k, m]: m is visited before k
+        conflict = (sub > eps) & earlier & ok[:, None, :]  # [B, K, K]: k may not join a set holding m
+        admitted, rejected = torch.zeros_like(ok), ~ok
+        while True:
+            undecided = ~(admitted | rejected)
+            if not undecided.any():
+                break
+            new = undecided & ~(conflict & ~rejected[:, None, :]).any(2)  # every earlier conflict rejected
+            admitted |= new
+            rejected |= undecided & ~new & (conflict & admitted[:, None, :]).any(2)
+    else:
+        admitted = torch.zeros_like(ok)
+        total = torch.zeros(B, dtype=sub.dtype, device=dev)
+        for k in range(K):
+            row = sub[:, k] * admitted  # [B, K]: MI with the positions admitted so far
+            add = row.sum(1)
+            a = ok[:, k] & (~admitted.any(1) | ((row.max(1).values <= eps) & (total + add <= budget)))
+            total = total + torch.where(a, add, torch.zeros_like(total))
+            admitted[:, k] = a
+    return torch.zeros_like(masked_BL).scatter(1, idx, admitted)
 
 
 def head_mi_fn(head, layer: int = -1):
