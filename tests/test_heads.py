@@ -410,6 +410,34 @@ def test_bilinear_head_equals_its_definition_and_is_cheap_to_configure():
         MIHead(MIHeadConfig(16, pairs="sparse"))
 
 
+@pytest.mark.parametrize("arch", [dict(positions="absolute", pos_dim=12, max_len=30, mix_channels=5),
+                                  dict(positions="relative", max_len=5), dict(pos_dim=0, tri_channels=0)])
+def test_bilinear_head_on_candidate_rows_equals_the_full_matrix(arch, monkeypatch):
+    """With candidates, the bilinear head computes the units of the candidate rows only (against every masked row,
+    for the two-hop sum): the full matrix's values between candidates, zero elsewhere."""
+    torch.manual_seed(5)
+    cfg = dataclasses.replace(MIHeadConfig(16, d_hidden=8, rank=4, channels=6, tri_channels=2, pairs="bilinear"), **arch)
+    head = MIHead(cfg)
+    with torch.no_grad():
+        head.tri_weight.copy_(torch.tensor([0.7, -0.4])[:head.tri_weight.numel()])
+    calls = []
+    rows = head._bilinear_rows
+    monkeypatch.setattr(head, "_bilinear_rows", lambda *a: calls.append(a[-1].shape) or rows(*a))
+    h, ent = torch.randn(5, 30, 16), torch.rand(5, 30)
+    masked = torch.rand(5, 30) < 0.7
+    masked[4] = True  # every position masked
+    cand = masked & (torch.rand(5, 30) < 0.3)
+    cand[0] = False
+    cand[0, masked[0].nonzero()[0]] = True  # a lone candidate: nothing to return
+    keep = cand[:, :, None] & cand[:, None, :]
+    keep[0] = False
+    with torch.no_grad():
+        full, sub = head(h, masked, ent), head(h, masked, ent, candidates_BL=cand)
+    assert calls == [(5, int(cand.sum(1).max()))]  # the candidate rows only, padded to the largest count
+    assert (full * keep).abs().sum() > 0 and not sub[0].any() and torch.equal(sub, sub.mT)
+    assert torch.allclose(sub, full * keep, rtol=1e-5, atol=1e-7)
+
+
 def test_bilinear_head_learns_position_blocks_and_reloads(tmp_path):
     data = _position_labels()
     masked = data["tokens"] == 9

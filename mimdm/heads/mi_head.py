@@ -37,8 +37,9 @@ component's contribution is measured in the chapter "Estimator accuracy" (ablati
 
 Decoding needs MI only between the positions a rule can admit (`mimdm.sampling.decoding.MIGuided` with an
 entropy cap: a few per step); given those ``candidates`` the pair network runs on the pairs with a
-candidate end and returns the same values between candidates, up to float rounding (`MIHead.forward`),
-several times cheaper than the full matrix.
+candidate end (``pairs="bilinear"``: the units of the candidate rows against every masked row) and returns the
+same values between candidates, up to float rounding (`MIHead.forward`), several times cheaper than the full
+matrix.
 
 Length: the two-hop sum runs over the masked positions and is scaled by 1/√L, so its magnitude
 grows with the number of masked positions; a head trained on crops of one length (proteins) and
@@ -192,17 +193,22 @@ class MIHead(nn.Module):
         self.out_bias = nn.Parameter(torch.tensor(float(c.out_bias)))
 
     def _forward_bilinear(self, hidden_BLD: Tensor, pairs_BLL: Tensor, entropy_BL: Tensor | None,
-                          positions_BL: Tensor | None = None, length: int | None = None) -> Tensor:
+                          positions_BL: Tensor | None = None, length: int | None = None,
+                          rows_BK: Tensor | None = None) -> Tensor:
         """The ``pairs="bilinear"`` head on every pair at once; ``pairs_BLL``: the masked pairs i != j.
 
         ``positions_BL``: the sequence position of each of the L rows when they are a gathered subset (the masked
         positions, `forward`); None: rows are positions 0..L-1. ``length``: the full sequence length that scales the
-        two-hop sum (default L)."""
+        two-hop sum (default L). ``rows_BK``: ``[B, K]`` long, return only the MI among these K of the L rows,
+        ``[B, K, K]`` (the units are computed between them and all L rows, as the two-hop sum needs; the same values
+        as the full matrix up to float rounding, at about K/L of its cost); None: ``[B, L, L]``."""
         c = self.config
         B, L, _ = hidden_BLD.shape
         C = c.channels
         a = self.feat(self.norm(hidden_BLD.float())).view(B, L, C, c.rank).transpose(1, 2)  # [B, C, L, r]
         a = a * c.rank ** -0.25  # so that a_i · a_j carries the 1/√rank
+        if rows_BK is not None:
+            return self._bilinear_rows(a, pairs_BLL, entropy_BL, positions_BL, length, rows_BK)
         G = a @ a.transpose(-1, -2)  # [B, C, L, L]
         if c.pos_dim and c.positions == "absolute" and positions_BL is not None:
             e = self.pos[positions_BL].permute(0, 2, 1, 3)  # [B, C, L, p/C]
@@ -217,15 +223,51 @@ class MIHead(nn.Module):
         else:
             G += self.bias[:, None, None]
         G = F.silu(G, inplace=not torch.is_grad_enabled())  # [B, C, L, L]
-        if c.mix_channels:  # hidden pair layer: [M, C] @ [B, C, L·L]
-            H = F.silu(self.mix @ G.view(B, C, L * L) + self.mix_bias[:, None])
-            s = (self.readout @ H).view(B, L, L) + self.out_bias
-        else:
-            s = (self.readout @ G.view(B, C, L * L)).view(B, L, L) + self.out_bias  # one pass over G, no copy
+        s = self._bilinear_logit(G)
         k = self.tri_weight.numel()
         if k:
             Gm = G[:, :k] * pairs_BLL[:, None].to(G.dtype)
             s = s + (self.tri_weight @ (Gm @ Gm).view(B, k, L * L)).view(B, L, L) / math.sqrt(length or L)
+        return self._bounded(s, pairs_BLL, entropy_BL)
+
+    def _bilinear_rows(self, a: Tensor, pairs_BLL: Tensor, entropy_BL: Tensor | None, positions_BL: Tensor | None,
+                       length: int | None, rows_BK: Tensor) -> Tensor:
+        """`_forward_bilinear` among the rows ``rows_BK`` only; ``a``: the ``[B, C, L, r]`` position features."""
+        c = self.config
+        B, C, L, r = a.shape
+        K = rows_BK.shape[1]
+        G = a.gather(2, rows_BK[:, None, :, None].expand(B, C, K, r)) @ a.transpose(-1, -2)  # [B, C, K, L]
+        if c.pos_dim:
+            pos_BL = torch.arange(L, device=a.device).expand(B, L) if positions_BL is None else positions_BL
+            q_BK = pos_BL.gather(1, rows_BK)  # sequence positions of the K rows
+            if c.positions == "absolute":
+                G += self.pos[q_BK].permute(0, 2, 1, 3) @ self.pos[pos_BL].permute(0, 2, 3, 1)  # [B,C,K,p/C] @ [B,C,p/C,L]
+            else:
+                sep = (q_BK[:, :, None] - pos_BL[:, None, :]).abs().clamp_max(c.max_len - 1)  # [B, K, L]
+                G += self.pos[sep].permute(0, 3, 1, 2)
+        G += self.bias[:, None, None]
+        G = F.silu(G, inplace=not torch.is_grad_enabled())  # [B, C, K, L]
+        pairs_BKL = pairs_BLL.gather(1, rows_BK[:, :, None].expand(B, K, L))
+        pairs_BKK = pairs_BKL.gather(2, rows_BK[:, None, :].expand(B, K, K))
+        s = self._bilinear_logit(G.gather(3, rows_BK[:, None, None, :].expand(B, C, K, K)))
+        k = self.tri_weight.numel()
+        if k:  # Σ over every masked m of G_im G_mj = G_im G_jm (G is symmetric)
+            Gm = G[:, :k] * pairs_BKL[:, None].to(G.dtype)  # [B, k, K, L]
+            s = s + (self.tri_weight @ (Gm @ Gm.transpose(-1, -2)).view(B, k, K * K)).view(B, K, K) / math.sqrt(length or L)
+        return self._bounded(s, pairs_BKK, None if entropy_BL is None else entropy_BL.gather(1, rows_BK))
+
+    def _bilinear_logit(self, G: Tensor) -> Tensor:
+        """The logit ``[B, L, L']`` of the units ``G`` ``[B, C, L, L']`` (the hidden pair layer, if any, and the
+        readout; without the two-hop term)."""
+        B, C, L, L2 = G.shape
+        if self.config.mix_channels:  # hidden pair layer: [M, C] @ [B, C, L·L']
+            H = F.silu(self.mix @ G.reshape(B, C, L * L2) + self.mix_bias[:, None])
+            return (self.readout @ H).view(B, L, L2) + self.out_bias
+        return (self.readout @ G.reshape(B, C, L * L2)).view(B, L, L2) + self.out_bias  # one pass over G
+
+    def _bounded(self, s: Tensor, pairs_BLL: Tensor, entropy_BL: Tensor | None) -> Tensor:
+        """MI ``[B, L, L]`` from the logit: the entropy bound (or softplus), zero off ``pairs_BLL``, symmetrised."""
+        c = self.config
         if c.bound == "none":
             mi = F.softplus(s)
         else:
@@ -235,19 +277,25 @@ class MIHead(nn.Module):
         mi = mi * pairs_BLL
         return (mi + mi.transpose(1, 2)) / 2
 
-    def _bilinear_masked(self, hidden_BLD: Tensor, masked_BL: Tensor, entropy_BL: Tensor | None) -> Tensor:
+    def _bilinear_masked(self, hidden_BLD: Tensor, masked_BL: Tensor, entropy_BL: Tensor | None,
+                         candidates_BL: Tensor | None = None) -> Tensor:
         """The bilinear head on the masked rows only: every sequence's masked positions are gathered (in order,
         padded to the batch's largest count Lm), the [B, C, Lm, Lm] head runs on them and the result is scattered
         back into [B, L, L]; the same values as on all L rows (unmasked rows contribute nothing) at (Lm/L)² of
-        the cost."""
+        the cost. With ``candidates_BL`` (``[B, L]`` bool, masked positions), only the MI between candidates is
+        computed (`_forward_bilinear`'s ``rows_BK``: the Kc candidate rows against the Lm masked ones) and returned,
+        zero elsewhere."""
         B, L, _ = hidden_BLD.shape
         dev = hidden_BLD.device
         Lm = int(masked_BL.sum(1).max()) if B else 0
-        if Lm == L or B == 0:
+        Kc = int(candidates_BL.sum(1).max()) if candidates_BL is not None and B else Lm
+        if Kc == Lm:
+            candidates_BL = None  # every masked position is a candidate somewhere: the full head
+        if Lm == L and candidates_BL is None or B == 0:
             pm = masked_BL[:, :, None] & masked_BL[:, None, :] & ~torch.eye(L, dtype=torch.bool, device=dev)
             return self._forward_bilinear(hidden_BLD, pm, entropy_BL)
         out = hidden_BLD.new_zeros(B, L, L, dtype=torch.float32)
-        if Lm < 2:
+        if Lm < 2 or Kc < 2:
             if torch.is_grad_enabled():  # keep the graph connected to every parameter (DDP needs each one's gradient)
                 out = out + 0.0 * sum(p.sum() for p in self.parameters())
             return out
@@ -256,7 +304,15 @@ class MIHead(nn.Module):
         pm = sub_m[:, :, None] & sub_m[:, None, :] & ~torch.eye(Lm, dtype=torch.bool, device=dev)
         h = hidden_BLD.gather(1, idx[..., None].expand(B, Lm, hidden_BLD.shape[-1]))
         e = None if entropy_BL is None else entropy_BL.to(dev).gather(1, idx)
-        sub = self._forward_bilinear(h, pm, e, positions_BL=idx, length=L)  # [B, Lm, Lm]
+        if candidates_BL is None:
+            sub = self._forward_bilinear(h, pm, e, positions_BL=idx, length=L)  # [B, Lm, Lm]
+        else:
+            cand = candidates_BL.to(dev).gather(1, idx)  # [B, Lm]
+            rows = torch.argsort((~cand).to(torch.int8), dim=1, stable=True)[:, :Kc]  # candidates first
+            keep = cand.gather(1, rows)
+            sub = self._forward_bilinear(h, pm, e, positions_BL=idx, length=L, rows_BK=rows)  # [B, Kc, Kc]
+            sub = sub * (keep[:, :, None] & keep[:, None, :])
+            idx = idx.gather(1, rows)
         return out.index_put((torch.arange(B, device=dev)[:, None, None], idx[:, :, None], idx[:, None, :]), sub)
 
     def n_parameters(self) -> int:
@@ -274,7 +330,8 @@ class MIHead(nn.Module):
             candidates_BL: optional ``[B, L]`` bool: only the MI between masked candidates is wanted
                 (a decoding rule that can admit only these positions, `mimdm.sampling.decoding.MIGuided`). The
                 pair network then runs on the pairs with a candidate end (all masked pairs when
-                ``tri_rounds`` > 1) instead of all masked pairs: the same values between candidates up
+                ``tri_rounds`` > 1; ``pairs="bilinear"``: the candidate rows against every masked row) instead
+                of all masked pairs: the same values between candidates up
                 to float rounding (the two-hop sum over every masked k still runs), zero elsewhere
                 (and everywhere in a sequence with fewer than two candidates). With |C| candidates
                 among |M| masked positions this costs ~|C|·|M| pair evaluations instead of |M|²/2.
@@ -304,12 +361,12 @@ class MIHead(nn.Module):
         dev = hidden_BLD.device
         masked_BL = masked_BL.to(dev)
         if c.pairs == "bilinear":
-            out = self._bilinear_masked(hidden_BLD, masked_BL, entropy_BL)
+            cand = None
             if candidates_BL is not None:
                 cand = candidates_BL.to(dev, torch.bool) & masked_BL
                 cand = cand & (cand.sum(1, keepdim=True) >= 2)
-                return out * (cand[:, :, None] & cand[:, None, :])
-            return out
+            out = self._bilinear_masked(hidden_BLD, masked_BL, entropy_BL, cand)
+            return out if cand is None else out * (cand[:, :, None] & cand[:, None, :])
         pairs = masked_BL[:, :, None] & masked_BL[:, None, :] & torch.ones(L, L, dtype=torch.bool, device=dev).triu(1)
         keep = None  # [B, L, L]: the pairs whose value is returned (None: all masked pairs)
         if candidates_BL is not None:
