@@ -19,6 +19,17 @@ from mimdm.experiments import speedup as sp
 from mimdm.pipelines.zoo import grids_to_tokens, profile_sudoku_mdm
 
 
+def hard_puzzle_setup(profile: str, device: str, n: int, seed: int = 0):
+    """The profile's Sudoku MDM and MI head, ``n`` hard puzzles (`mimdm.experiments.speedup.hard_puzzles`) and their
+    ``[n, 81]`` tokens: ``(P, dev, model, head, puzzles, tokens)`` (shared with `mi_guided_step.py`)."""
+    P = get_profile(profile)
+    dev = resolve_device(device)
+    model, rec = profile_sudoku_mdm(P, device=dev)
+    head = mh.prepare(P, model, rec["path"], ablations=False)["head"]
+    puzzles = sp.hard_puzzles(n, P.hard_clues, np.random.default_rng(seed))
+    return P, dev, model, head, puzzles, grids_to_tokens(np.stack([p.puzzle for p in puzzles]), dev)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="cpu")
@@ -26,12 +37,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=100, help="puzzles")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    P = get_profile(args.profile)
-    dev = resolve_device(args.device)
-    model, rec = profile_sudoku_mdm(P, device=dev)
-    head = mh.prepare(P, model, rec["path"], ablations=False)["head"]
-    puzzles = sp.hard_puzzles(args.n, P.hard_clues, np.random.default_rng(args.seed))
-    x = grids_to_tokens(np.stack([p.puzzle for p in puzzles]), dev)
+    P, dev, model, head, puzzles, x = hard_puzzle_setup(args.profile, args.device, args.n, args.seed)
     rows = sp.sweep(model, x, sp.rule_grid(head, P.head_train.layer), lambda t: sp.score_solving(t, puzzles), progress=True)
     seq = rows[0]
     print(f"{'rule':12s} {'knob':>7s} {'H cap':>6s} {'solve':>6s} {'NFE':>7s} {'ms/puzzle':>10s} {'NFE ratio':>10s} {'time ratio':>10s}")

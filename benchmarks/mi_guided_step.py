@@ -17,15 +17,11 @@ from __future__ import annotations
 import argparse
 import math
 
-import numpy as np
 import torch
+from decode_rules import hard_puzzle_setup  # benchmarks/ is the script's folder, first on sys.path
 
-from mimdm.app.profiles import get_profile
-from mimdm.core.device import resolve_device
 from mimdm.core.timing import seconds_per_call
-from mimdm.experiments import mi_head as mh
 from mimdm.experiments import speedup as sp
-from mimdm.pipelines.zoo import grids_to_tokens, profile_sudoku_mdm
 from mimdm.sampling.decoding import MIGuided, decode, greedy_admission, head_mi_fn
 
 
@@ -56,12 +52,7 @@ def main() -> None:
     ap.add_argument("--cap", type=float, default=0.1, help="entropy cap, nats (inf: none)")
     ap.add_argument("--repeats", type=int, default=20)
     args = ap.parse_args()
-    P = get_profile(args.profile)
-    dev = resolve_device(args.device)
-    model, rec = profile_sudoku_mdm(P, device=dev)
-    head = mh.prepare(P, model, rec["path"], ablations=False)["head"]
-    puzzles = sp.hard_puzzles(args.n, P.hard_clues, np.random.default_rng(0))
-    x = grids_to_tokens(np.stack([p.puzzle for p in puzzles]), dev)
+    P, dev, model, head, _, x = hard_puzzle_setup(args.profile, args.device, args.n)
     steps = []
     source = head_mi_fn(head, P.head_train.layer)
 
