@@ -112,3 +112,52 @@ def band_stack_pairs() -> np.ndarray:
     same_band = (r[:, None] // 3) == (r[None] // 3)
     same_stack = (c[:, None] // 3) == (c[None] // 3)
     return (same_band | same_stack) & ~sd.constraint_graph() & ~np.eye(81, dtype=bool)
+
+
+def constraint_mi(p_BLV: torch.Tensor, masked_BL: torch.Tensor, min_z: float = 1e-6) -> torch.Tensor:
+    """MI ``[B, 81, 81]`` (nats) of a constraint model built from an MDM's Sudoku marginals alone.
+
+    The model's conditionals, for masked cells i != j and digits a, v:
+    log p(x_i = a | x_j = v) = log p_i(a) + Δ_ij(v) [a = v] − log Z, with Δ = −∞ if i and j share a unit
+    (exclusion) and otherwise Δ_ij(v) = Σ_U −log(1 − m_Ujv) over the units U of i that do not hold j, where
+    m_Ujv = Σ p_k(v) over the masked cells k of U that are peers of j (clamped at 1 − 1e-3): setting x_j = v takes
+    v from j's peers, and within U its mass moves to the other cells (a hidden-single effect). The MI is
+    probing's formula on these conditionals (`mimdm.probing.exact.probe_mi`: the directed
+    Σ_v p_j(v) KL(p(x_i | x_j = v) ‖ Σ_v' p_j(v') p(x_i | x_j = v')), then the mean of the two directions).
+    Since Δ acts only at a = v, this costs O(L² V) (elementwise on ``[B, L, L, V]``), not O(L² V²).
+    It is a feature for an MI head, not a substitute for probing.
+
+    Args:
+        p_BLV: ``[B, 81, 9]`` marginals p(x_i = v | c) of each cell (rows of unmasked cells are ignored).
+        masked_BL: ``[B, 81]`` bool, the masked cells.
+        min_z: floor of the normaliser Z (a peer that holds v with probability ~1).
+
+    Returns:
+        ``[B, 81, 81]`` in ``p_BLV``'s dtype, symmetric, ≥ 0, zero on the diagonal and at unmasked cells.
+
+    Raises:
+        ValueError: shapes other than ``[B, 81, 9]`` and ``[B, 81]``, or non-finite marginals.
+    """
+    if p_BLV.dim() != 3 or p_BLV.shape[1:] != (sd.N_CELLS, 9) or tuple(masked_BL.shape) != tuple(p_BLV.shape[:2]):
+        raise ValueError(f"constraint_mi needs p [B, 81, 9] and masked [B, 81]; got {tuple(p_BLV.shape)} and "
+                         f"{tuple(masked_BL.shape)}")
+    if not torch.isfinite(p_BLV).all():
+        raise ValueError("constraint_mi got non-finite marginals")
+    L, dt, dev = sd.N_CELLS, p_BLV.dtype, p_BLV.device
+    U = torch.zeros(len(sd.UNITS), L, dtype=dt, device=dev)
+    U[torch.arange(len(sd.UNITS))[:, None], torch.tensor(sd.UNITS, device=dev)] = 1  # [27, 81] membership
+    peer = torch.from_numpy(sd.constraint_graph()).to(dev, dt)  # [81, 81]
+    p = p_BLV * masked_BL[..., None].to(dt)
+    m = torch.einsum("uk,kj,bkv->bujv", U, peer, p)  # v's mass on the cells of U that are peers of j
+    t = torch.einsum("ui,uj,bujv->bjiv", U, 1 - U, -torch.log((1 - m).clamp_min(1e-3)))  # Δ_ij(v) [B, j, i, v]
+    nonpeer = (1 - peer)[None, :, :, None]
+    rho = torch.exp(t) * nonpeer  # e^Δ: 0 for peers (exclusion)
+    w, pi = p[:, :, None, :], p[:, None, :, :]  # p_j(v) [B, j, 1, v], p_i(a) [B, 1, i, a]
+    Z = (1 + pi * (rho - 1)).clamp_min(min_z)  # [B, j, i, v]
+    S = (w / Z).sum(-1, keepdim=True)
+    r = -torch.log((S + w * (rho - 1) / Z).clamp_min(min_z))  # log(p_i(a) / mix_i(a)), a in the last axis
+    R = (pi * r).sum(-1, keepdim=True)
+    d = ((w / Z) * R + w * pi * (rho - 1) * r / Z + w * (pi * t * rho / Z - torch.log(Z))).sum(-1)  # [B, j, i]
+    mk = masked_BL.to(dt)
+    d = d.clamp_min(0) * (mk[:, :, None] * mk[:, None, :]) * (1 - torch.eye(L, dtype=dt, device=dev))
+    return (d + d.transpose(1, 2)) / 2
