@@ -67,16 +67,18 @@ def main() -> None:
         for info, cand in steps:
             ent = info.entropy.masked_fill(~info.masked, math.inf)
             order, within = ent.argsort(1), info.masked & (ent <= args.cap)
-            full = head(info.hidden, info.masked, info.entropy)
-            mi = head(info.hidden, info.masked, info.entropy, candidates_BL=cand)
+            full = head(info.hidden, info.masked, info.entropy, info.probs)
+            mi = head(info.hidden, info.masked, info.entropy, info.probs, candidates_BL=cand)
             keep = cand[:, :, None] & cand[:, None, :]
             if not torch.allclose(mi, full * keep, rtol=1e-4, atol=1e-6):
                 raise SystemExit("the head's MI between candidates differs from the full matrix's")
             a = per_position_loop(mi, order, info.masked, ent, args.eps, math.inf, args.cap)
             if not torch.equal(a, greedy_admission(mi, order, info.masked, within, args.eps)):
                 raise SystemExit("greedy_admission chose another set than the per-position loop")
-            for name, fn in (("head, full matrix", lambda: head(info.hidden, info.masked, info.entropy) * keep),
-                             ("head, candidates", lambda: head(info.hidden, info.masked, info.entropy, candidates_BL=cand)),
+            for name, fn in (("head, full matrix",
+                              lambda: head(info.hidden, info.masked, info.entropy, info.probs) * keep),
+                             ("head, candidates", lambda: head(info.hidden, info.masked, info.entropy, info.probs,
+                                                                  candidates_BL=cand)),
                              ("admission, per position",
                               lambda: per_position_loop(mi, order, info.masked, ent, args.eps, math.inf, args.cap)),
                              ("admission, rounds", lambda: greedy_admission(mi, order, info.masked, within, args.eps))):

@@ -83,7 +83,7 @@ def test_mi_guided_head_on_candidates_decides_as_the_full_mi_matrix(tiny, puzzle
     x = puzzles.clone()
     x[:, :40] = 9  # more masked cells: several candidates per step
     with torch.no_grad():
-        hid, masked, ent = head_inputs(tiny, x)
+        hid, masked, ent, _ = head_inputs(tiny, x)
         mi = head(hid, masked, ent)
     eps = float(mi[mi > 0].median())  # MI decides some admissions
     cap = math.inf if cap_quantile is None else float(ent[masked].quantile(cap_quantile))

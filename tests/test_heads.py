@@ -228,8 +228,9 @@ def test_head_checkpoint_roundtrip_and_one_pass_prediction(tmp_path):
         assert torch.allclose(pred, head(*head_inputs(model, x)), atol=1e-6)
         assert torch.allclose(predict_mi(model, head, x, batch_size=1), pred, atol=1e-6)
     assert pred[0].abs().sum() > 0 and (pred[1, :40] == 0).all() and (pred[1, :, :40] == 0).all()
-    h, m, e = head_inputs(model, x)
+    h, m, e, p = head_inputs(model, x)
     assert h.shape == (2, 81, 32) and m[1, :40].logical_not().all() and (e[1, :40] == 0).all()
+    assert p.shape == (2, 81, 9) and torch.allclose(p.sum(-1), torch.ones(2, 81))
     assert rec["log"] == [{"epoch": 1}]
     with pytest.raises(FileNotFoundError):
         load_head(tmp_path / "missing.pt")
@@ -422,7 +423,7 @@ def test_bilinear_head_on_candidate_rows_equals_the_full_matrix(arch, monkeypatc
         head.tri_weight.copy_(torch.tensor([0.7, -0.4])[:head.tri_weight.numel()])
     calls = []
     rows = head._bilinear_rows
-    monkeypatch.setattr(head, "_bilinear_rows", lambda *a: calls.append(a[-1].shape) or rows(*a))
+    monkeypatch.setattr(head, "_bilinear_rows", lambda *a: calls.append(a[5].shape) or rows(*a))
     h, ent = torch.randn(5, 30, 16), torch.rand(5, 30)
     masked = torch.rand(5, 30) < 0.7
     masked[4] = True  # every position masked
@@ -523,9 +524,10 @@ def test_sudoku_symmetry_augment_permutes_labels_and_recomputes_inputs():
     sol_moved = torch.stack([digits[k][sol[k][cells[k]] + 1] for k in range(6)])
     assert sd.is_valid_solution_batch(sol_moved.numpy().astype(np.int8)).all()
     assert ((full == 0) | (full == sol_moved)).all()
-    h, _, e = head_inputs(model, out["tokens"])
+    h, _, e, p = head_inputs(model, out["tokens"])
     assert out["hidden_-1"].dtype == torch.float16
     assert torch.equal(out["hidden_-1"], h.half()) and torch.allclose(out["entropy"], e.float())
+    assert torch.equal(out["probs"], p)
     assert (out["entropy"][new_masked] > 0).all() and (out["entropy"][~new_masked] == 0).all()
 
 
@@ -550,3 +552,109 @@ def test_train_head_augments_every_epoch_and_keys_only_when_set():
                    augment=lambda s, rng: {k: v[:4] for k, v in s.items()})
     assert "augment" not in HeadTrainConfig().to_dict()  # earlier heads' cache keys hold
     assert cfg.to_dict()["augment"] == "sudoku_symmetry"
+
+
+def _sudoku_marginals(B, seed):
+    g = torch.Generator().manual_seed(seed)
+    probs = torch.softmax(3 * torch.randn(B, 81, 9, generator=g), -1)
+    masked = torch.rand(B, 81, generator=g) < 0.7
+    return probs, masked
+
+
+def test_constraint_features_enter_the_logit():
+    """With every other input silenced (zero hidden-state units, no positions, two-hop, mix or bias), the logit is
+    exactly a feature: log1p(I^c / 0.01) with I^c = `constraint_mi` of the marginals (top 4 digits), or the
+    marginals' overlap Σ_v p_i(v) p_j(v). Invert the bound and compare."""
+    from mimdm.probing.sudoku_mi import constraint_mi
+
+    head = MIHead(MIHeadConfig(16, d_hidden=8, rank=4, channels=2, pos_dim=0, tri_channels=0, pairs="bilinear",
+                               max_len=81, constraint_feature=True)).eval()
+    probs, masked = _sudoku_marginals(3, 0)
+    ent = -(probs * probs.log()).sum(-1) * masked
+    pairs = masked[:, :, None] & masked[:, None, :] & ~torch.eye(81, dtype=torch.bool)
+    bound = (ent[:, :, None] + ent[:, None, :]) / 2
+    wants = [torch.log1p(constraint_mi(probs, masked, top_k=4) / 0.01), torch.einsum("biv,bjv->bij", probs, probs)]
+    for k, want in enumerate(wants):
+        with torch.no_grad():
+            head.readout.zero_()
+            head.out_bias.zero_()
+            head.feature_logit.zero_()
+            head.feature_logit[k] = 1.0
+            mi = head(torch.randn(3, 81, 16), masked, ent, probs)
+        got = torch.logit((mi / bound)[pairs].double())
+        assert torch.allclose(got, want[pairs].double(), atol=1e-3), (k, float((got - want[pairs]).abs().max()))
+        assert float(want[pairs].std()) > 0.05  # not a comparison between constants
+        assert (mi[~pairs] == 0).all()
+
+
+def test_constraint_feature_head_on_candidates_equals_the_full_matrix_and_needs_marginals():
+    torch.manual_seed(3)
+    head = MIHead(MIHeadConfig(16, d_hidden=8, rank=4, channels=4, pos_dim=8, tri_channels=2, mix_channels=3,
+                               pairs="bilinear", max_len=81, constraint_feature=True)).eval()
+    with torch.no_grad():
+        head.feature_logit.fill_(0.5)
+    probs, masked = _sudoku_marginals(4, 1)
+    h, ent = torch.randn(4, 81, 16), torch.rand(4, 81) * masked
+    cand = masked & (torch.rand(4, 81) < 0.2)
+    keep = cand[:, :, None] & cand[:, None, :]
+    with torch.no_grad():
+        full, sub = head(h, masked, ent, probs), head(h, masked, ent, probs, candidates_BL=cand)
+        other = head(h, masked, ent, probs.roll(1, dims=1))  # other marginals: another feature, another output
+    assert (full * keep).abs().sum() > 0
+    assert torch.allclose(sub, full * keep, rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(other, full)
+    with pytest.raises(ValueError, match="pass probs_BLV"):
+        head(h, masked, ent)
+    with pytest.raises(ValueError, match=r"probs must have shape \(4, 81, 9\)"):
+        head(h, masked, ent, probs[:, :, :8])
+    with pytest.raises(ValueError, match="constraint_feature is for Sudoku"):
+        MIHead(MIHeadConfig(16, max_len=81, constraint_feature=True))  # pairs="gather"
+    assert "constraint_feature" not in MIHeadConfig(16).to_dict()  # earlier heads' cache keys hold
+
+
+def test_constraint_feature_head_trains_on_labels_with_marginals():
+    from mimdm.experiments.mi_head import with_marginals
+
+    torch.manual_seed(0)
+    model = SudokuMDM(TINY).eval()
+    sol = torch.from_numpy(sd_random_solutions(8) - 1)
+    masked = torch.rand(8, 81, generator=torch.Generator().manual_seed(2)) < 0.6
+    tokens = torch.where(masked, model.mask_id, model.value_token_ids[sol])
+    h, m, e, p = head_inputs(model, tokens)
+    mi = torch.rand(8, 81, 81, generator=torch.Generator().manual_seed(4)) * 0.1
+    split = {"tokens": tokens, "mi": (mi + mi.mT) * (m[:, :, None] & m[:, None, :]), "entropy": e,
+             "hidden_-1": h.half()}
+    cfg = MIHeadConfig(32, d_hidden=8, rank=4, channels=2, pos_dim=4, tri_channels=1, mix_channels=2,
+                       pairs="bilinear", max_len=81, constraint_feature=True)
+    with pytest.raises(KeyError, match="with_marginals"):
+        train_head(split, split, cfg, HeadTrainConfig(epochs=1), mask_id=model.mask_id, progress=False)
+    full = with_marginals(model, split)
+    assert torch.equal(full["probs"], p) and with_marginals(model, full) is full
+    head, log = train_head(full, full, cfg, HeadTrainConfig(epochs=2, lr=1e-2), mask_id=model.mask_id, progress=False)
+    assert len(log) == 2 and all(math.isfinite(r["val_loss"]) for r in log)
+    assert (head.feature_logit != 0).all()  # the features' weights were trained
+
+
+def sd_random_solutions(n):
+    from mimdm.data import sudoku as sd
+
+    return sd.random_solutions(n, 1).astype(np.int64)
+
+
+def test_ablations_of_a_constraint_feature_head():
+    """The cpu profile's head reads the constraint feature: one ablation removes it, the earlier gathered head is the
+    same as before (8 two-hop channels, no feature), and every ablation config builds."""
+    from mimdm.app.profiles import get_profile
+    from mimdm.experiments.mi_head import ablation_configs, head_config_for
+
+    P = get_profile("cpu")
+    base = head_config_for(P, SudokuMDM(TINY))
+    assert base.constraint_feature and base.pairs == "bilinear"
+    abl = ablation_configs(P)
+    assert abl["no constraint feature"][0] == {"constraint_feature": False}
+    gathered = dataclasses.replace(base, **abl["gathered pair network (earlier head)"][0])
+    assert (gathered.pairs, gathered.tri_channels, gathered.constraint_feature) == ("gather", 8, False)
+    for over, cfg in abl.values():
+        MIHead(dataclasses.replace(base, **over))
+        assert cfg.augment == "none"
+    assert "no constraint feature" not in ablation_configs(get_profile("smoke"))

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from mimdm.app.profiles import PROFILES, get_profile
 from mimdm.core.distributed import DistInfo, barrier, broadcast, init_distributed
 from mimdm.core.keys import mi_head_dir
-from mimdm.experiments.mi_head import head_config_for, sudoku_symmetry_augment
+from mimdm.experiments.mi_head import head_config_for, sudoku_symmetry_augment, with_marginals
 from mimdm.heads.mi_head import train_head
 from mimdm.pipelines.distributed import generate_labels_distributed
 from mimdm.pipelines.labels import label_dir, load_labels
@@ -80,8 +80,11 @@ def main(argv: list[str] | None = None) -> int:
             augment = None
             if p.head_train.augment == "sudoku_symmetry":
                 augment = lambda split, rng: sudoku_symmetry_augment(model, split, p.head_train.layer, rng)  # noqa: E731
-            train_head(load_labels(labels, "train"), load_labels(labels, "val"), hcfg, p.head_train,
-                           model.mask_id, progress=info.is_main, save_path=path, device=train_dev, augment=augment)
+            train, val = load_labels(labels, "train"), load_labels(labels, "val")
+            if hcfg.constraint_feature:
+                train, val = with_marginals(model, train), with_marginals(model, val)
+            train_head(train, val, hcfg, p.head_train, model.mask_id, progress=info.is_main, save_path=path,
+                       device=train_dev, augment=augment)
             if info.is_main:
                 print(f"[mimdm] MI head (DDP x{info.world_size}) -> {path}", flush=True)
     if info.active:

@@ -86,7 +86,8 @@ def sudoku_symmetry_augment(model: MaskedModel, split: dict, layer: int, rng: np
 
     Returns:
         ``{"tokens" [N, 81] long, "mi" [N, 81, 81] (the split's dtype), "entropy" [N, 81] float32 nats,
-        f"hidden_{layer}" [N, 81, D] (the split's hidden dtype, or float32)}`` on the CPU.
+        "probs" [N, 81, 9] float32 (the marginals), f"hidden_{layer}" [N, 81, D] (the split's hidden dtype, or
+        float32)}`` on the CPU.
 
     Raises:
         ValueError: not an 81-position, 9-value model, or a non-finite MDM output.
@@ -107,15 +108,37 @@ def sudoku_symmetry_augment(model: MaskedModel, split: dict, layer: int, rng: np
     mi = split["mi"][ar, cells[:, :, None], cells[:, None, :]]
     key = f"hidden_{layer}"
     dtype = split[key].dtype if key in split else torch.float32
-    hs, es = [], []
+    hs, es, ps = [], [], []
     with torch.no_grad():
         for s in range(0, n, batch_size):
-            h, _, e = head_inputs(model, new[s:s + batch_size].to(model.device), layer)
-            if not (torch.isfinite(h).all() and torch.isfinite(e).all()):
-                raise ValueError("the MDM gave a non-finite hidden state or entropy on an augmented context")
+            h, _, e, p = head_inputs(model, new[s:s + batch_size].to(model.device), layer)
+            if not (torch.isfinite(h).all() and torch.isfinite(e).all() and torch.isfinite(p).all()):
+                raise ValueError("the MDM gave a non-finite output on an augmented context")
             hs.append(h.to(dtype).cpu())
             es.append(e.float().cpu())
-    return {"tokens": new, "mi": mi, "entropy": torch.cat(es), key: torch.cat(hs)}
+            ps.append(p.float().cpu())
+    return {"tokens": new, "mi": mi, "entropy": torch.cat(es), "probs": torch.cat(ps), key: torch.cat(hs)}
+
+
+def with_marginals(model: MaskedModel, split: dict, batch_size: int = 256) -> dict:
+    """The label split with the MDM's marginals ``"probs" [N, L, V]`` (float32, CPU) added, from one forward per
+    context (what a ``constraint_feature`` head reads besides the stored hidden states); unchanged if it has them.
+
+    Raises:
+        ValueError: a non-finite MDM output; as `mimdm.core.contract.MaskedModel.check_tokens`.
+    """
+    if "probs" in split:
+        return split
+    tok = split["tokens"].long()
+    ps = []
+    with torch.no_grad():
+        for s in range(0, len(tok), batch_size):
+            p = head_inputs(model, tok[s:s + batch_size].to(model.device)).probs
+            if not torch.isfinite(p).all():
+                raise ValueError("the MDM gave non-finite marginals on a label context")
+            ps.append(p.float().cpu())
+    probs = torch.cat(ps) if ps else torch.zeros(0, tok.shape[1], model.n_values)
+    return {**split, "probs": probs}
 
 
 def random_symmetry_tensors(n: int, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,10 +154,11 @@ def load_or_train_head(labels: Path, head_cfg: MIHeadConfig, train_cfg: HeadTrai
 
     Training runs on the CPU from the stored hidden states. ``target``: which labels it learns
     (`with_target`; default the probed MI ``"mi"``). ``model``: the MDM of the labels, needed (and used) only when
-    ``train_cfg.augment`` is ``"sudoku_symmetry"`` (`sudoku_symmetry_augment`).
+    ``train_cfg.augment`` is ``"sudoku_symmetry"`` (`sudoku_symmetry_augment`) or the head reads the marginals
+    (``head_cfg.constraint_feature``, `with_marginals`).
 
     Raises:
-        ValueError: an augmenting ``train_cfg`` without ``model``.
+        ValueError: an augmenting ``train_cfg`` or a ``constraint_feature`` head without ``model``.
     """
     d = mi_head_dir(labels, head_cfg.to_dict(), train_cfg.to_dict(), target)
     path = d / "head.pt"
@@ -145,9 +169,13 @@ def load_or_train_head(labels: Path, head_cfg: MIHeadConfig, train_cfg: HeadTrai
             if model is None:
                 raise ValueError("augment='sudoku_symmetry' needs the MDM: load_or_train_head(..., model=model)")
             augment = lambda split, rng: sudoku_symmetry_augment(model, split, train_cfg.layer, rng)  # noqa: E731
-        head, log = train_head(with_target(load_labels(labels, "train"), target),
-                               with_target(load_labels(labels, "val"), target), head_cfg, train_cfg,
-                               mask_id, progress=progress, augment=augment)
+        train, val = (with_target(load_labels(labels, s), target) for s in ("train", "val"))
+        if head_cfg.constraint_feature:
+            if model is None:
+                raise ValueError("a constraint_feature head reads the MDM's marginals: "
+                                 "load_or_train_head(..., model=model)")
+            train, val = with_marginals(model, train), with_marginals(model, val)
+        head, log = train_head(train, val, head_cfg, train_cfg, mask_id, progress=progress, augment=augment)
         save_head(head, path, train_cfg, log)
     return load_head(path, device)
 
@@ -157,14 +185,27 @@ def _pairs(mat, masked):
 
 
 @torch.no_grad()
-def predict_from_labels(head: MIHead, data: dict, layer: int, mask_id: int, batch_size: int = 64) -> torch.Tensor:
-    """Head predictions ``[N, L, L]`` from the stored hidden states of a label split."""
+def predict_from_labels(head: MIHead, data: dict, layer: int, mask_id: int, batch_size: int = 64,
+                        model: MaskedModel | None = None) -> torch.Tensor:
+    """Head predictions ``[N, L, L]`` from the stored hidden states of a label split.
+
+    A ``constraint_feature`` head also reads the marginals: the split's ``probs``, or else one forward of ``model`` per
+    context (`with_marginals`).
+
+    Raises:
+        ValueError: a ``constraint_feature`` head, a split without ``probs`` and no ``model``.
+    """
+    if head.config.constraint_feature and "probs" not in data:
+        if model is None:
+            raise ValueError("this head reads the MDM's marginals: pass model= (or a split with 'probs')")
+        data = with_marginals(model, data)
     dev = next(head.parameters()).device
     out = []
     for s in range(0, len(data["tokens"]), batch_size):
         tok = data["tokens"][s:s + batch_size].to(dev)
         h, e = data[f"hidden_{layer}"][s:s + batch_size].to(dev), data["entropy"][s:s + batch_size].to(dev)
-        out.append(head(h, tok == mask_id, e).cpu())
+        p = data["probs"][s:s + batch_size].to(dev) if "probs" in data else None
+        out.append(head(h, tok == mask_id, e, p).cpu())
     return torch.cat(out)
 
 
@@ -386,11 +427,13 @@ def puzzle_recovery(model: MaskedModel, head: MIHead, puzzles: list[sd.Puzzle], 
             "pearson_pred_vs_gt": pooled["pearson"], "probing_nfe_per_puzzle": float(res.nfe.double().mean())}
 
 
-def select_on_validation(ablations: dict, val: dict, mask_id: int) -> dict:
-    """Validation Pearson of each ablation head (``{name: (head, record, cfg)}``), for choosing without the test split."""
+def select_on_validation(ablations: dict, val: dict, mask_id: int, model: MaskedModel | None = None) -> dict:
+    """Validation Pearson of each ablation head (``{name: (head, record, cfg)}``), for choosing without the test split
+    (``model``: as `predict_from_labels`)."""
     out = {}
     for name, (h, r, cfg) in ablations.items():
-        out[name] = accuracy(predict_from_labels(h, val, cfg.layer, mask_id), val, mask_id)["overall"]["pearson"]
+        pred = predict_from_labels(h, val, cfg.layer, mask_id, model=model)
+        out[name] = accuracy(pred, val, mask_id)["overall"]["pearson"]
     return out
 
 
@@ -467,7 +510,8 @@ def ablation_configs(profile) -> dict[str, tuple[dict, HeadTrainConfig]]:
     (default loss), one per loss
     (default layer), and one per architecture component removed (`mimdm.heads.mi_head` docstring):
     position pairs, the two-hop update, the mean-entropy bound (replaced by the strict min), and
-    all three (hidden-state features a_i ⊙ a_j only). When the profile's head is the bilinear one
+    all three (hidden-state features a_i ⊙ a_j only); with a ``constraint_feature`` head, also that feature (the
+    gathered network below never has it). When the profile's head is the bilinear one
     (``head_arch["pairs"] == "bilinear"``) the earlier gathered pair network (widths 224/64, learning rate
     5e-3) is added as ``"gathered pair network (earlier head)"``, to compare accuracy and cost.
     """
@@ -479,8 +523,11 @@ def ablation_configs(profile) -> dict[str, tuple[dict, HeadTrainConfig]]:
         out[f"loss {loss}"] = ({}, replace(base, loss=loss))
     if profile.head_arch.get("pairs") == "bilinear":  # the earlier head, for accuracy and cost side by side
         out["gathered pair network (earlier head)"] = (
-            {"pairs": "gather", "channels": 8, "mix_channels": 0, "d_hidden": 224, "rank": 64},
+            {"pairs": "gather", "channels": 8, "mix_channels": 0, "tri_channels": 8, "d_hidden": 224, "rank": 64,
+             "constraint_feature": False},
             replace(base, lr=HeadTrainConfig.lr))
+    if profile.head_arch.get("constraint_feature"):
+        out["no constraint feature"] = ({"constraint_feature": False}, base)
     out["no position pairs"] = ({"pos_dim": 0}, base)
     out["no two-hop update"] = ({"tri_channels": 0}, base)
     out["min-entropy bound"] = ({"bound": "min"}, base)
@@ -534,6 +581,10 @@ def estimator_findings_markdown(values: dict) -> str:
     cost_ok, acc_ok = h["head_over_forward"] <= HEAD_COST_TARGET, a["pearson"] >= HEAD_PEARSON_TARGET
     targets = "both met" if cost_ok and acc_ok else f"cost {'met' if cost_ok else 'missed'}, accuracy {'met' if acc_ok else 'missed'}"
     heavy_text = f" At masking rates of 75% and more: Pearson {heavy[0]['pearson']:.3f}." if heavy else ""
+    nf = comp.get("no constraint feature")
+    alone = "hidden-state pairs alone" if nf is None else "hidden-state pairs and the constraint feature alone"
+    no_feature = ("" if nf is None else f' without the constraint feature {nf["pearson"]:.3f} (its pass '
+                  f'{nf["head_over_forward"]:.2f}x a forward, against {full["head_over_forward"]:.2f}x),')
     return f'''
 - **Accuracy.** On held-out sources the one-pass head's MI has Pearson {a["pearson"]:.3f} (pooled over all masked pairs;
   median per context {a["median_context_pearson"]:.3f}) and Spearman {a["spearman"]:.3f} with probed ground truth
@@ -544,10 +595,10 @@ def estimator_findings_markdown(values: dict) -> str:
   {h["speedup_vs_probing"]:.0f}x faster than probing the same {h["n_masked"]}-masked contexts ({h["probing_nfe"]:.0f} passes).{earlier}
 - **Ablations** (chosen on validation): best layer {best_layer["layer"]} (test Pearson {best_layer["pearson"]:.3f});
   best loss {best_loss["loss"]} (test Pearson {best_loss["pearson"]:.3f}, top-k recall {best_loss["topk_recall"]:.2f}).
-  Components, at the same short budget (full head: test Pearson {full["pearson"]:.3f}): without position pairs
-  {comp["no position pairs"]["pearson"]:.3f}, without the two-hop update {comp["no two-hop update"]["pearson"]:.3f},
-  with the strict min-entropy bound {comp["min-entropy bound"]["pearson"]:.3f}, hidden-state pairs alone
-  {comp["hidden-state pairs only"]["pearson"]:.3f}.
+  Components, at the same short budget (full head: test Pearson {full["pearson"]:.3f}):{no_feature} without position
+  pairs {comp["no position pairs"]["pearson"]:.3f}, without the two-hop update
+  {comp["no two-hop update"]["pearson"]:.3f}, with the strict min-entropy bound
+  {comp["min-entropy bound"]["pearson"]:.3f}, {alone} {comp["hidden-state pairs only"]["pearson"]:.3f}.
 ''' + _error_class_findings(values.get("error_by_pair_class", []), a["pearson"]) + _direction_findings(
         values.get("direction_agreement"), a["pearson"])
 

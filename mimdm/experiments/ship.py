@@ -122,8 +122,7 @@ def sudoku_head_fingerprint(model, head, layer: int) -> dict:
     rng = np.random.default_rng(0)
     grids = np.stack([sd.random_partial(g, 20, rng) for g in sd.random_solutions(SUDOKU_FINGERPRINT_CONTEXTS, rng)])
     with torch.no_grad():
-        h, m, e = head_inputs(model, grids_to_tokens(grids, model.device), layer)
-        mi = head(h, m, e)
+        mi = head(*head_inputs(model, grids_to_tokens(grids, model.device), layer))
     return {"mi_sum": float(mi.double().sum()), "n_contexts": SUDOKU_FINGERPRINT_CONTEXTS}
 
 

@@ -29,6 +29,12 @@ two-hop product below is a dense [L, L] matrix product per channel):
    none exceed max(H_i, H_j). The
    default bound is therefore the mean (H_i + H_j)/2; ``bound="min"`` is the strict one,
    ``"none"`` uses softplus(s_ij) without entropies.
+6. **Constraint feature** (``constraint_feature``; Sudoku, bilinear head): log1p(I^c_ij / 0.01), with I^c the MI
+   of a constraint model built from the marginals of the same MDM forward
+   (`mimdm.probing.sudoku_mi.constraint_mi_among`: fixing x_j = v excludes v from j's peers and, for i not a peer,
+   moves v's mass within each unit of i onto its cells that are not peers of j), and the marginals' overlap
+   Σ_v p_i(v) p_j(v) enter the hidden pair layer and the logit. Without them most of the cpu head's squared error
+   sits in pairs that share no unit, whose dependence runs through a digit in this way.
 
 The output is symmetric, non-negative, zero on the diagonal and at unmasked positions by
 construction. Sizes: ``d_hidden`` 224, ``rank`` 64 give ~62K parameters at D=128; the paper
@@ -59,6 +65,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -72,8 +79,14 @@ from mimdm.core.contract import MaskedModel
 from mimdm.core.distributed import DistInfo, allreduce_sum, barrier, init_distributed
 from mimdm.core.information import entropy_from_log_probs
 from mimdm.core.timing import seconds_per_call
+from mimdm.data import sudoku as sd
+from mimdm.probing.sudoku_mi import constraint_mi_among
 
 BOUNDS = ("mean", "min", "max", "none")
+#: Scale s (nats) of the ``constraint_feature`` log1p(I^c / s), the scale of the head's loss.
+CONSTRAINT_FEATURE_SCALE = 0.01
+#: Channels of the ``constraint_feature``: log1p(I^c / s) and the marginals' overlap.
+N_CONSTRAINT_FEATURES = 2
 POSITIONS = ("absolute", "relative")
 PAIRS = ("gather", "bilinear")
 
@@ -105,6 +118,15 @@ class MIHeadConfig:
         mix_channels: ``pairs="bilinear"`` only: width M of a hidden pair layer between the units and the logit,
             h^m_ij = SiLU(Σ_c W_mc g^c_ij + β_m), the logit then Σ_m v_m h^m_ij + two-hop + b (a 1×1 convolution
             over the [C, L, L] units, one batched matrix product; 0: none, the logit reads the units directly).
+        constraint_feature: ``pairs="bilinear"`` on Sudoku (81 positions, 9 values) only: two pair features from
+            the MDM's marginals p_i of the same forward, f_ij = (log1p(I^c_ij / 0.01), Σ_v p_i(v) p_j(v)), with I^c
+            the MI of a constraint model (`mimdm.probing.sudoku_mi.constraint_mi_among`: exclusion between peers,
+            and for non-peers the shift of a digit's mass within i's units when j takes it) and the second the
+            marginals' overlap, enter the hidden pair layer as more inputs (h^m_ij = SiLU(Σ_c W_mc g^c_ij +
+            Σ_k w_mk f^k_ij + β_m)) and the logit directly (+ Σ_k u_k f^k_ij); the head then needs the marginals
+            (``probs_BLV`` of `MIHead.forward`).
+        constraint_top_k: the feature's ``top_k`` (each direction conditions on the conditioning cell's
+            ``constraint_top_k`` most likely digits; 9: all): fewer terms, a cheaper head pass.
     """
 
     d_in: int
@@ -121,6 +143,8 @@ class MIHeadConfig:
     pairs: str = "gather"
     channels: int = 8
     mix_channels: int = 0
+    constraint_feature: bool = False
+    constraint_top_k: int = 4
 
     def to_dict(self) -> dict:
         """The architecture as a dict (``out_bias``, ``pairs`` and ``channels`` left out at their defaults, so
@@ -132,6 +156,8 @@ class MIHeadConfig:
             del d["pairs"], d["channels"]
         if not d["mix_channels"]:  # earlier heads' keys
             del d["mix_channels"]
+        if not d["constraint_feature"]:
+            del d["constraint_feature"], d["constraint_top_k"]
         return d
 
 
@@ -151,6 +177,11 @@ class MIHead(nn.Module):
             raise ValueError(f"positions must be one of {POSITIONS}, got {c.positions!r}")
         if c.pairs not in PAIRS:
             raise ValueError(f"pairs must be one of {PAIRS}, got {c.pairs!r}")
+        if c.constraint_feature and (c.pairs != "bilinear" or c.positions != "absolute" or c.max_len != sd.N_CELLS):
+            raise ValueError("constraint_feature is for Sudoku: it needs pairs='bilinear', positions='absolute' and "
+                             f"max_len={sd.N_CELLS}")
+        if c.constraint_feature and not 1 <= c.constraint_top_k <= 9:
+            raise ValueError(f"constraint_top_k must be in 1..9, got {c.constraint_top_k}")
         if c.pairs == "bilinear":
             self._init_bilinear(c)
             return
@@ -191,24 +222,30 @@ class MIHead(nn.Module):
         self.readout = nn.Parameter(torch.randn(M or C) / math.sqrt(M or C))
         self.tri_weight = nn.Parameter(torch.zeros(c.tri_channels if c.tri_rounds else 0))
         self.out_bias = nn.Parameter(torch.tensor(float(c.out_bias)))
+        if c.constraint_feature:
+            if M:
+                self.feature_mix = nn.Parameter(torch.randn(M, N_CONSTRAINT_FEATURES) * 0.3)  # w_mk
+            self.feature_logit = nn.Parameter(torch.zeros(N_CONSTRAINT_FEATURES))  # u_k
 
     def _forward_bilinear(self, hidden_BLD: Tensor, pairs_BLL: Tensor, entropy_BL: Tensor | None,
                           positions_BL: Tensor | None = None, length: int | None = None,
-                          rows_BK: Tensor | None = None) -> Tensor:
+                          rows_BK: Tensor | None = None, feature_BLL: Tensor | None = None) -> Tensor:
         """The ``pairs="bilinear"`` head on every pair at once; ``pairs_BLL``: the masked pairs i != j.
 
         ``positions_BL``: the sequence position of each of the L rows when they are a gathered subset (the masked
         positions, `forward`); None: rows are positions 0..L-1. ``length``: the full sequence length that scales the
         two-hop sum (default L). ``rows_BK``: ``[B, K]`` long, return only the MI among these K of the L rows,
         ``[B, K, K]`` (the units are computed between them and all L rows, as the two-hop sum needs; the same values
-        as the full matrix up to float rounding, at about K/L of its cost); None: ``[B, L, L]``."""
+        as the full matrix up to float rounding, at about K/L of its cost); None: ``[B, L, L]``. ``feature_BLL``: the
+        ``constraint_feature`` among the returned rows (``[B, 2, L, L]``; ``[B, 2, K, K]`` with ``rows_BK``), or
+        None."""
         c = self.config
         B, L, _ = hidden_BLD.shape
         C = c.channels
         a = self.feat(self.norm(hidden_BLD.float())).view(B, L, C, c.rank).transpose(1, 2)  # [B, C, L, r]
         a = a * c.rank ** -0.25  # so that a_i · a_j carries the 1/√rank
         if rows_BK is not None:
-            return self._bilinear_rows(a, pairs_BLL, entropy_BL, positions_BL, length, rows_BK)
+            return self._bilinear_rows(a, pairs_BLL, entropy_BL, positions_BL, length, rows_BK, feature_BLL)
         G = a @ a.transpose(-1, -2)  # [B, C, L, L]
         if c.pos_dim and c.positions == "absolute" and positions_BL is not None:
             e = self.pos[positions_BL].permute(0, 2, 1, 3)  # [B, C, L, p/C]
@@ -223,15 +260,16 @@ class MIHead(nn.Module):
         else:
             G += self.bias[:, None, None]
         G = F.silu(G, inplace=not torch.is_grad_enabled())  # [B, C, L, L]
-        s = self._bilinear_logit(G)
+        s = self._bilinear_logit(G, feature_BLL)
         k = self.tri_weight.numel()
         if k:
             Gm = G[:, :k] * pairs_BLL[:, None].to(G.dtype)
-            s = s + (self.tri_weight @ (Gm @ Gm).view(B, k, L * L)).view(B, L, L) / math.sqrt(length or L)
+            two_hop = torch.bmm(self.tri_weight.expand(B, 1, k), (Gm @ Gm).view(B, k, L * L)).view(B, L, L)
+            s = s + two_hop / math.sqrt(length or L)
         return self._bounded(s, pairs_BLL, entropy_BL)
 
     def _bilinear_rows(self, a: Tensor, pairs_BLL: Tensor, entropy_BL: Tensor | None, positions_BL: Tensor | None,
-                       length: int | None, rows_BK: Tensor) -> Tensor:
+                       length: int | None, rows_BK: Tensor, feature_BKK: Tensor | None = None) -> Tensor:
         """`_forward_bilinear` among the rows ``rows_BK`` only; ``a``: the ``[B, C, L, r]`` position features."""
         c = self.config
         B, C, L, r = a.shape
@@ -249,21 +287,37 @@ class MIHead(nn.Module):
         G = F.silu(G, inplace=not torch.is_grad_enabled())  # [B, C, K, L]
         pairs_BKL = pairs_BLL.gather(1, rows_BK[:, :, None].expand(B, K, L))
         pairs_BKK = pairs_BKL.gather(2, rows_BK[:, None, :].expand(B, K, K))
-        s = self._bilinear_logit(G.gather(3, rows_BK[:, None, None, :].expand(B, C, K, K)))
+        s = self._bilinear_logit(G.gather(3, rows_BK[:, None, None, :].expand(B, C, K, K)), feature_BKK)
         k = self.tri_weight.numel()
         if k:  # Σ over every masked m of G_im G_mj = G_im G_jm (G is symmetric)
             Gm = G[:, :k] * pairs_BKL[:, None].to(G.dtype)  # [B, k, K, L]
-            s = s + (self.tri_weight @ (Gm @ Gm.transpose(-1, -2)).view(B, k, K * K)).view(B, K, K) / math.sqrt(length or L)
+            s = s + torch.bmm(self.tri_weight.expand(B, 1, k),
+                              (Gm @ Gm.transpose(-1, -2)).view(B, k, K * K)).view(B, K, K) / math.sqrt(length or L)
         return self._bounded(s, pairs_BKK, None if entropy_BL is None else entropy_BL.gather(1, rows_BK))
 
-    def _bilinear_logit(self, G: Tensor) -> Tensor:
+    def _bilinear_logit(self, G: Tensor, feature_BLL: Tensor | None = None) -> Tensor:
         """The logit ``[B, L, L']`` of the units ``G`` ``[B, C, L, L']`` (the hidden pair layer, if any, and the
-        readout; without the two-hop term)."""
+        readout; without the two-hop term), with the ``constraint_feature`` ``feature_BLL`` ``[B, 2, L, L']`` if the
+        head has one."""
         B, C, L, L2 = G.shape
-        if self.config.mix_channels:  # hidden pair layer: [M, C] @ [B, C, L·L']
-            H = F.silu(self.mix @ G.reshape(B, C, L * L2) + self.mix_bias[:, None])
-            return (self.readout @ H).view(B, L, L2) + self.out_bias
-        return (self.readout @ G.reshape(B, C, L * L2)).view(B, L, L2) + self.out_bias  # one pass over G
+        x = G.reshape(B, C, L * L2)
+        f = None
+        if self.config.constraint_feature:
+            if feature_BLL is None:
+                raise ValueError("this head reads a constraint feature: pass probs_BLV")
+            f = feature_BLL.reshape(B, N_CONSTRAINT_FEATURES, L * L2)
+        # the [M, C] weights applied as batched products with expanded weights: several times faster on the CPU than
+        # a broadcast matmul, which transposes [B, C, L·L'] to [B·L·L', C] and back
+        M = self.config.mix_channels
+        if M:  # hidden pair layer
+            pre = torch.baddbmm(self.mix_bias[None, :, None].expand(B, M, 1), self.mix.expand(B, M, C), x)
+            if f is not None:
+                pre = torch.baddbmm(pre, self.feature_mix.expand(B, M, N_CONSTRAINT_FEATURES), f)
+            x, C = F.silu(pre), M
+        s = torch.bmm(self.readout.expand(B, 1, C), x)  # [B, 1, L·L']
+        if f is not None:
+            s = torch.baddbmm(s, self.feature_logit.expand(B, 1, N_CONSTRAINT_FEATURES), f)
+        return s.view(B, L, L2) + self.out_bias
 
     def _bounded(self, s: Tensor, pairs_BLL: Tensor, entropy_BL: Tensor | None) -> Tensor:
         """MI ``[B, L, L]`` from the logit: the entropy bound (or softplus), zero off ``pairs_BLL``, symmetrised."""
@@ -277,8 +331,25 @@ class MIHead(nn.Module):
         mi = mi * pairs_BLL
         return (mi + mi.transpose(1, 2)) / 2
 
+    def _feature(self, probs_BLV: Tensor | None, masked_BL: Tensor, positions_BK: Tensor,
+                 valid_BK: Tensor) -> Tensor | None:
+        """The ``constraint_feature`` ``[B, 2, K, K]`` among the cells ``positions_BK`` (None if the head has none):
+        log1p(I^c / 0.01) and the marginals' overlap Σ_v p_i(v) p_j(v), both zero off the valid masked pairs of
+        distinct cells; computed without gradient (they depend on the MDM's marginals only)."""
+        if not self.config.constraint_feature:
+            return None
+        with torch.no_grad():
+            p = probs_BLV.float()
+            mi = constraint_mi_among(p, masked_BL, positions_BK, valid_BK, top_k=self.config.constraint_top_k)
+            K = positions_BK.shape[1]
+            ok = (valid_BK & masked_BL.gather(1, positions_BK)).float()
+            pk = p.gather(1, positions_BK[..., None].expand(-1, K, p.shape[-1])) * ok[..., None]
+            distinct = positions_BK[:, :, None] != positions_BK[:, None, :]
+            overlap = (pk @ pk.transpose(1, 2)) * distinct
+            return torch.stack([torch.log1p(mi / CONSTRAINT_FEATURE_SCALE), overlap], 1)
+
     def _bilinear_masked(self, hidden_BLD: Tensor, masked_BL: Tensor, entropy_BL: Tensor | None,
-                         candidates_BL: Tensor | None = None) -> Tensor:
+                         candidates_BL: Tensor | None = None, probs_BLV: Tensor | None = None) -> Tensor:
         """The bilinear head on the masked rows only: every sequence's masked positions are gathered (in order,
         padded to the batch's largest count Lm), the [B, C, Lm, Lm] head runs on them and the result is scattered
         back into [B, L, L]; the same values as on all L rows (unmasked rows contribute nothing) at (Lm/L)² of
@@ -293,7 +364,8 @@ class MIHead(nn.Module):
             candidates_BL = None  # every masked position is a candidate somewhere: the full head
         if Lm == L and candidates_BL is None or B == 0:
             pm = masked_BL[:, :, None] & masked_BL[:, None, :] & ~torch.eye(L, dtype=torch.bool, device=dev)
-            return self._forward_bilinear(hidden_BLD, pm, entropy_BL)
+            f = self._feature(probs_BLV, masked_BL, torch.arange(L, device=dev).expand(B, L), masked_BL)
+            return self._forward_bilinear(hidden_BLD, pm, entropy_BL, feature_BLL=f)
         out = hidden_BLD.new_zeros(B, L, L, dtype=torch.float32)
         if Lm < 2 or Kc < 2:
             if torch.is_grad_enabled():  # keep the graph connected to every parameter (DDP needs each one's gradient)
@@ -305,12 +377,15 @@ class MIHead(nn.Module):
         h = hidden_BLD.gather(1, idx[..., None].expand(B, Lm, hidden_BLD.shape[-1]))
         e = None if entropy_BL is None else entropy_BL.to(dev).gather(1, idx)
         if candidates_BL is None:
-            sub = self._forward_bilinear(h, pm, e, positions_BL=idx, length=L)  # [B, Lm, Lm]
+            f = self._feature(probs_BLV, masked_BL, idx, sub_m)
+            sub = self._forward_bilinear(h, pm, e, positions_BL=idx, length=L, feature_BLL=f)  # [B, Lm, Lm]
         else:
             cand = candidates_BL.to(dev).gather(1, idx)  # [B, Lm]
             rows = torch.argsort((~cand).to(torch.int8), dim=1, stable=True)[:, :Kc]  # candidates first
             keep = cand.gather(1, rows)
-            sub = self._forward_bilinear(h, pm, e, positions_BL=idx, length=L, rows_BK=rows)  # [B, Kc, Kc]
+            f = self._feature(probs_BLV, masked_BL, idx.gather(1, rows), keep)
+            sub = self._forward_bilinear(h, pm, e, positions_BL=idx, length=L, rows_BK=rows,
+                                         feature_BLL=f)  # [B, Kc, Kc]
             sub = sub * (keep[:, :, None] & keep[:, None, :])
             idx = idx.gather(1, rows)
         return out.index_put((torch.arange(B, device=dev)[:, None, None], idx[:, :, None], idx[:, None, :]), sub)
@@ -320,13 +395,15 @@ class MIHead(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, hidden_BLD: Tensor, masked_BL: Tensor, entropy_BL: Tensor | None = None,
-                candidates_BL: Tensor | None = None) -> Tensor:
+                probs_BLV: Tensor | None = None, *, candidates_BL: Tensor | None = None) -> Tensor:
         """Predicted MI in nats.
 
         Args:
             hidden_BLD: ``[B, L, D]`` hidden states of the MDM layer the head was trained on.
             masked_BL: ``[B, L]`` bool, the masked positions.
             entropy_BL: ``[B, L]`` marginal entropies (nats); required unless ``bound="none"``.
+            probs_BLV: ``[B, L, V]`` the MDM's marginals over the V values (`head_inputs`); required by a head with
+                ``constraint_feature`` (Sudoku: L = 81, V = 9), ignored otherwise.
             candidates_BL: optional ``[B, L]`` bool: only the MI between masked candidates is wanted
                 (a decoding rule that can admit only these positions, `mimdm.sampling.decoding.MIGuided`). The
                 pair network then runs on the pairs with a candidate end (all masked pairs when
@@ -341,7 +418,7 @@ class MIHead(nn.Module):
             with ``candidates_BL``, off candidate pairs).
 
         Raises:
-            ValueError: ``entropy_BL`` missing, L > ``max_len``, or shapes disagree.
+            ValueError: ``entropy_BL`` or a needed ``probs_BLV`` missing, L > ``max_len``, or shapes disagree.
         """
         c = self.config
         B, L, D = hidden_BLD.shape
@@ -358,6 +435,13 @@ class MIHead(nn.Module):
             raise ValueError(f"entropy must have shape {(B, L)}, got {tuple(entropy_BL.shape)}")
         if candidates_BL is not None and candidates_BL.shape != (B, L):
             raise ValueError(f"candidates must have shape {(B, L)}, got {tuple(candidates_BL.shape)}")
+        if c.constraint_feature:
+            if probs_BLV is None:
+                raise ValueError("this head reads a constraint feature from the MDM's marginals: pass probs_BLV")
+            if tuple(probs_BLV.shape) != (B, sd.N_CELLS, 9):
+                raise ValueError(f"probs must have shape {(B, sd.N_CELLS, 9)} (Sudoku marginals), "
+                                 f"got {tuple(probs_BLV.shape)}")
+            probs_BLV = probs_BLV.to(hidden_BLD.device)
         dev = hidden_BLD.device
         masked_BL = masked_BL.to(dev)
         if c.pairs == "bilinear":
@@ -365,7 +449,7 @@ class MIHead(nn.Module):
             if candidates_BL is not None:
                 cand = candidates_BL.to(dev, torch.bool) & masked_BL
                 cand = cand & (cand.sum(1, keepdim=True) >= 2)
-            out = self._bilinear_masked(hidden_BLD, masked_BL, entropy_BL, cand)
+            out = self._bilinear_masked(hidden_BLD, masked_BL, entropy_BL, cand, probs_BLV)
             return out if cand is None else out * (cand[:, :, None] & cand[:, None, :])
         pairs = masked_BL[:, :, None] & masked_BL[:, None, :] & torch.ones(L, L, dtype=torch.bool, device=dev).triu(1)
         keep = None  # [B, L, L]: the pairs whose value is returned (None: all masked pairs)
@@ -418,8 +502,17 @@ class MIHead(nn.Module):
         return out if keep is None else out * keep
 
 
+class HeadInputs(NamedTuple):
+    """The inputs of `MIHead.forward` from one MDM forward (`head_inputs`); ``head(*inputs)`` calls the head."""
+
+    hidden: Tensor  #: ``[B, L, D]``
+    masked: Tensor  #: ``[B, L]`` bool
+    entropy: Tensor  #: ``[B, L]`` nats, 0 at unmasked positions
+    probs: Tensor  #: ``[B, L, V]`` marginals over the V values (float32)
+
+
 @torch.no_grad()
-def head_inputs(model: MaskedModel, tokens_BL: Tensor, layer: int = -1) -> tuple[Tensor, Tensor, Tensor]:
+def head_inputs(model: MaskedModel, tokens_BL: Tensor, layer: int = -1) -> HeadInputs:
     """One MDM forward pass → the head's inputs.
 
     Args:
@@ -428,17 +521,19 @@ def head_inputs(model: MaskedModel, tokens_BL: Tensor, layer: int = -1) -> tuple
         layer: the MDM layer whose hidden states are returned (-1: last).
 
     Returns:
-        ``(hidden [B, L, D], masked [B, L] bool, entropy [B, L] float nats)``: the entropy of each
-        masked position's marginal over its legal values, 0 at unmasked positions.
+        `HeadInputs` ``(hidden [B, L, D], masked [B, L] bool, entropy [B, L] float nats, probs [B, L, V])``: the
+        entropy of each masked position's marginal over its legal values (0 at unmasked positions) and the
+        marginals themselves.
 
     Raises:
         ValueError: as `MaskedModel.check_tokens` (bad shape, ids, length, device) and the model's
             layer check.
     """
     out = model(tokens_BL, layer=layer)
-    ent = entropy_from_log_probs(model.log_probs_from_logits(out.logits.float()))
+    log_probs = model.log_probs_from_logits(out.logits.float())
+    ent = entropy_from_log_probs(log_probs)
     masked = model.is_masked(tokens_BL)
-    return out.hidden, masked, ent * masked
+    return HeadInputs(out.hidden, masked, ent * masked, log_probs.exp())
 
 
 @torch.no_grad()
@@ -448,8 +543,8 @@ def forward_and_head_seconds(model: MaskedModel, head: MIHead, tokens_BL: Tensor
     (`head_inputs`) and of one head pass on them, for the batch ``tokens_BL`` ``[B, L]``, timed one after the other in
     this call (so their ratio comes from one run; `mimdm.core.timing.seconds_per_call`, one warm-up call each)."""
     fwd = seconds_per_call(lambda: head_inputs(model, tokens_BL, layer), model.device, repeats)
-    h, m, e = head_inputs(model, tokens_BL, layer)
-    return fwd, seconds_per_call(lambda: head(h, m, e), model.device, repeats)
+    inputs = head_inputs(model, tokens_BL, layer)
+    return fwd, seconds_per_call(lambda: head(*inputs), model.device, repeats)
 
 
 @torch.no_grad()
@@ -466,8 +561,7 @@ def predict_mi(model: MaskedModel, head: MIHead, tokens_BL: Tensor, layer: int =
     """
     outs = []
     for s in range(0, tokens_BL.shape[0], batch_size):
-        h, m, e = head_inputs(model, tokens_BL[s:s + batch_size], layer)
-        outs.append(head(h, m, e))
+        outs.append(head(*head_inputs(model, tokens_BL[s:s + batch_size], layer)))
     return torch.cat(outs)
 
 
@@ -588,6 +682,11 @@ def evaluate_loss(head: MIHead, data: dict, layer: int, kind: str, mask_id: int,
     return tot / n
 
 
+def _probs(data: dict, b: Tensor, device) -> Tensor | None:
+    """The marginals ``probs`` of the contexts ``b`` of a label split on ``device``, or None if it holds none."""
+    return data["probs"][b].to(device) if "probs" in data else None
+
+
 def _split(idx: np.ndarray, world: int, rank: int) -> np.ndarray:
     """Rank ``rank``'s contiguous part of ``idx`` (``np.array_split`` into ``world`` parts)."""
     return np.array_split(idx, world)[rank] if world > 1 else idx
@@ -610,7 +709,7 @@ def _val_loss_sum(head: MIHead, data: dict, layer: int, kind: str, mask_id: int,
             b = torch.arange(s, min(s + batch_size, n))
             h = data[f"hidden_{layer}"][b].to(device)
             masked = (data["tokens"][b] == mask_id).to(device)
-            pred = head(h, masked, data["entropy"][b].to(device))
+            pred = head(h, masked, data["entropy"][b].to(device), _probs(data, b, device))
             tot += mi_loss(pred, data["mi"][b].to(device), masked, kind, scale, weight_scale).item() * len(b)
             cnt += len(b)
     return tot, cnt
@@ -650,7 +749,9 @@ def train_head(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrainCon
     (same initialisation, DDP-averaged gradients, same AdamW steps).
 
     Args:
-        train, val: label splits from `mimdm.pipelines.labels.load_labels` (with ``hidden_<cfg.layer>``).
+        train, val: label splits from `mimdm.pipelines.labels.load_labels` (with ``hidden_<cfg.layer>``; with the
+            marginals ``probs [N, L, V]`` for a ``constraint_feature`` head,
+            `mimdm.experiments.mi_head.with_marginals`).
         head_cfg, cfg: head architecture and training settings.
         mask_id: the MDM's mask token id.
         progress: a progress bar on rank 0.
@@ -666,7 +767,8 @@ def train_head(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrainCon
         every rank; log entries ``{"epoch", "train_loss", "val_loss", "seconds"}``.
 
     Raises:
-        KeyError: the labels hold no hidden states of ``cfg.layer``.
+        KeyError: the labels hold no hidden states of ``cfg.layer``, or no marginals ``probs`` for a
+            ``constraint_feature`` head.
         ValueError: an empty training or validation split; an unknown ``cfg.augment``, or one set without
             ``augment``.
         RuntimeError: the validation loss was never finite.
@@ -682,6 +784,9 @@ def train_head(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrainCon
                              "(mimdm.pipelines.labels) or change the split")
     if key not in train:
         raise KeyError(f"labels hold no hidden states of layer {cfg.layer} (have: {[k for k in train if k.startswith('hidden_')]})")
+    if head_cfg.constraint_feature and not ("probs" in train and "probs" in val):
+        raise KeyError("a constraint_feature head needs the MDM's marginals in the labels (key 'probs'): add them "
+                       "with mimdm.experiments.mi_head.with_marginals")
     info = init_distributed()
     if device is None:
         nccl = info.active and dist.get_backend() == "nccl"
@@ -713,7 +818,7 @@ def train_head(train: dict, val: dict, head_cfg: MIHeadConfig, cfg: HeadTrainCon
             glob = perm[s:s + cfg.batch_size]
             b = torch.from_numpy(_split(glob, info.world_size, info.rank))
             masked = (train["tokens"][b] == mask_id).to(device)
-            pred = net(train[key][b].to(device), masked, train["entropy"][b].to(device))
+            pred = net(train[key][b].to(device), masked, train["entropy"][b].to(device), _probs(train, b, device))
             loss = mi_loss(pred, train["mi"][b].to(device), masked, cfg.loss, cfg.loss_scale, cfg.loss_weight_scale)
             if info.active:
                 frac = len(b) / len(glob)

@@ -114,7 +114,94 @@ def band_stack_pairs() -> np.ndarray:
     return (same_band | same_stack) & ~sd.constraint_graph() & ~np.eye(81, dtype=bool)
 
 
-def constraint_mi(p_BLV: torch.Tensor, masked_BL: torch.Tensor, min_z: float = 1e-6) -> torch.Tensor:
+def _unit_tables(device, dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(member [27, 81], peer [81, 81], unit_peer [27, 81, 81])``: unit membership, the constraint graph, and
+    [u, k, j] = 1 if cell k is in unit u and is a peer of j."""
+    member = torch.zeros(len(sd.UNITS), sd.N_CELLS, dtype=dtype, device=device)
+    member[torch.arange(len(sd.UNITS), device=device)[:, None], torch.from_numpy(sd.UNITS.copy()).to(device)] = 1
+    peer = torch.from_numpy(sd.constraint_graph()).to(device, dtype)
+    return member, peer, member[:, :, None] * peer[None]
+
+
+def constraint_mi_among(p_BLV: torch.Tensor, masked_BL: torch.Tensor, positions_BK: torch.Tensor,
+                        valid_BK: torch.Tensor, top_k: int | None = None, chunk: int = 16,
+                        min_z: float = 1e-6) -> torch.Tensor:
+    """`constraint_mi` among K chosen cells of each grid: ``[B, K, K]`` nats, in ``p_BLV``'s dtype.
+
+    The same values as ``constraint_mi(p_BLV, masked_BL, top_k)[b][positions_BK[b]][:, positions_BK[b]]`` (up to
+    float rounding) at about (K/81)² of its cost: the unit masses m_Ujv use every masked cell, the pair terms only the
+    K cells. An MI head computes it among a grid's masked cells, or among a decoding step's candidates.
+
+    Args:
+        p_BLV: ``[B, 81, 9]`` marginals (rows of unmasked cells are ignored).
+        masked_BL: ``[B, 81]`` bool.
+        positions_BK: ``[B, K]`` long, cell indices (repeats allowed: padding).
+        valid_BK: ``[B, K]`` bool, the entries of ``positions_BK`` to fill; a pair is non-zero only if both ends
+            are valid, masked and distinct cells.
+        top_k: as `constraint_mi`.
+        chunk: grids per step (bounds the ``[chunk, K, top_k, K]`` temporaries).
+        min_z: as `constraint_mi`.
+
+    Raises:
+        ValueError: shapes other than ``[B, 81, 9]``, ``[B, 81]`` and two equal ``[B, K]``; non-finite marginals;
+            ``top_k`` outside 1..9.
+    """
+    B = p_BLV.shape[0]
+    if p_BLV.dim() != 3 or p_BLV.shape[1:] != (sd.N_CELLS, 9) or tuple(masked_BL.shape) != (B, sd.N_CELLS):
+        raise ValueError(f"constraint_mi needs p [B, 81, 9] and masked [B, 81]; got {tuple(p_BLV.shape)} and "
+                         f"{tuple(masked_BL.shape)}")
+    if positions_BK.dim() != 2 or positions_BK.shape[0] != B or valid_BK.shape != positions_BK.shape:
+        raise ValueError(f"positions and valid must both have shape [B={B}, K]; got {tuple(positions_BK.shape)} and "
+                         f"{tuple(valid_BK.shape)}")
+    if top_k is not None and not 1 <= top_k <= 9:
+        raise ValueError(f"top_k must be in 1..9 (or None), got {top_k}")
+    if not torch.isfinite(p_BLV).all():
+        raise ValueError("constraint_mi got non-finite marginals")
+    dev, dt, K, V = p_BLV.device, p_BLV.dtype, positions_BK.shape[1], 9
+    T = V if top_k is None else top_k  # the conditioning cell's digits v kept
+    member, peer, unit_peer = _unit_tables(dev, dt)
+    p = p_BLV * masked_BL[..., None].to(dt)
+    pos = positions_BK.long()
+    ok = valid_BK.bool() & masked_BL.gather(1, pos)
+    out = []
+    for s in range(0, B, chunk):
+        pb, ib, b = p[s:s + chunk], pos[s:s + chunk], min(chunk, B - s)
+        ps = pb.gather(1, ib[..., None].expand(b, K, V))  # [b, K, V]
+        # m_Ujv: v's mass on the cells of U that are peers of j, for the K cells j: [b, j, v, u]
+        m = torch.einsum("ukj,bkv->bjvu", unit_peer, pb).gather(1, ib[:, :, None, None].expand(b, K, V, 27))
+        pi = ps.transpose(1, 2)[:, None]  # p_i(a) [b, 1, a, i]
+        if T < V:  # j's T most likely digits, renormalised
+            w, top = ps.topk(T, dim=-1)  # [b, j, T]
+            w = w / w.sum(-1, keepdim=True).clamp_min(torch.finfo(dt).tiny)
+            m = m.gather(2, top[..., None].expand(b, K, T, 27))
+            pi = pi.expand(b, K, V, K).gather(2, top[..., None].expand(b, K, T, K))  # p_i(v) for j's digits v
+        else:
+            w = ps
+        lg = (1 - m).clamp_min_(1e-3).log_().neg_()
+        t = (lg.reshape(b, K * T, 27) @ member[:, ib].permute(1, 0, 2)).view(b, K, T, K)  # Δ_ij(v) [b, j, v, i]
+        nonpeer = (1 - peer[ib[:, :, None], ib[:, None, :]])[:, :, None, :]  # [b, j, 1, i]; exclusion for peers
+        rho = torch.exp(t).mul_(nonpeer)  # e^Δ
+        first = rho * t
+        e = rho.sub_(1)
+        w = w[..., None]  # p_j(v) [b, j, v, 1]
+        inv_z = (e * pi).add_(1).clamp_min_(min_z).reciprocal_()  # 1 / Z_ij(v)
+        wz = inv_z * w
+        S = wz.sum(2, keepdim=True)
+        g = torch.addcmul(S, e, wz).clamp_min_(min_z)  # mix_i(a) / p_i(a) at j's digits a
+        kl = g.log().mul_(g).mul_(pi).sum(2)  # KL(mix_i ‖ p_i) [b, j, i] ...
+        if T < V:  # ... plus i's digits that j cannot take, where mix_i / p_i = S
+            S = S.squeeze(2).clamp_min(min_z)
+            kl = kl + (1 - pi.sum(2)).clamp_min(0) * S * S.log()
+        # Σ_v p_j(v) KL(p(x_i | x_j = v) ‖ p_i) = Σ_v p_j(v) (q_v(v) Δ_v − log Z_v), q_v(v) = p_i(v) e^Δ / Z
+        d = first.mul_(pi).mul_(inv_z).add_(inv_z.log_()).mul_(w).sum(2).sub_(kl).clamp_min_(0)
+        okb = ok[s:s + chunk]
+        d = d * (okb[:, :, None] & okb[:, None, :] & (ib[:, :, None] != ib[:, None, :]))
+        out.append((d + d.transpose(1, 2)) / 2)
+    return torch.cat(out) if out else p.new_zeros(0, K, K)
+
+
+def constraint_mi(p_BLV: torch.Tensor, masked_BL: torch.Tensor, top_k: int | None = None,
+                  min_z: float = 1e-6) -> torch.Tensor:
     """MI ``[B, 81, 81]`` (nats) of a constraint model built from an MDM's Sudoku marginals alone.
 
     The model's conditionals, for masked cells i != j and digits a, v:
@@ -125,39 +212,30 @@ def constraint_mi(p_BLV: torch.Tensor, masked_BL: torch.Tensor, min_z: float = 1
     probing's formula on these conditionals (`mimdm.probing.exact.probe_mi`: the directed
     Σ_v p_j(v) KL(p(x_i | x_j = v) ‖ Σ_v' p_j(v') p(x_i | x_j = v')), then the mean of the two directions).
     Since Δ acts only at a = v, this costs O(L² V) (elementwise on ``[B, L, L, V]``), not O(L² V²).
-    It is a feature for an MI head, not a substitute for probing.
+    It is a feature for an MI head, not a substitute for probing. With ``top_k``, each direction conditions on the
+    ``top_k`` most likely digits of the conditioning cell j only (its marginal truncated there and renormalised; the
+    mixture of i then equals p_i on the other digits): the same formula on top_k/9 of the terms.
 
     Args:
         p_BLV: ``[B, 81, 9]`` marginals p(x_i = v | c) of each cell (rows of unmasked cells are ignored).
         masked_BL: ``[B, 81]`` bool, the masked cells.
+        top_k: None (all 9 digits) or 1..9: see above.
         min_z: floor of the normaliser Z (a peer that holds v with probability ~1).
 
     Returns:
         ``[B, 81, 81]`` in ``p_BLV``'s dtype, symmetric, ≥ 0, zero on the diagonal and at unmasked cells.
 
     Raises:
-        ValueError: shapes other than ``[B, 81, 9]`` and ``[B, 81]``, or non-finite marginals.
+        ValueError: shapes other than ``[B, 81, 9]`` and ``[B, 81]``, non-finite marginals, ``top_k`` outside 1..9.
     """
     if p_BLV.dim() != 3 or p_BLV.shape[1:] != (sd.N_CELLS, 9) or tuple(masked_BL.shape) != tuple(p_BLV.shape[:2]):
         raise ValueError(f"constraint_mi needs p [B, 81, 9] and masked [B, 81]; got {tuple(p_BLV.shape)} and "
                          f"{tuple(masked_BL.shape)}")
-    if not torch.isfinite(p_BLV).all():
-        raise ValueError("constraint_mi got non-finite marginals")
-    L, dt, dev = sd.N_CELLS, p_BLV.dtype, p_BLV.device
-    U = torch.zeros(len(sd.UNITS), L, dtype=dt, device=dev)
-    U[torch.arange(len(sd.UNITS))[:, None], torch.tensor(sd.UNITS, device=dev)] = 1  # [27, 81] membership
-    peer = torch.from_numpy(sd.constraint_graph()).to(dev, dt)  # [81, 81]
-    p = p_BLV * masked_BL[..., None].to(dt)
-    m = torch.einsum("uk,kj,bkv->bujv", U, peer, p)  # v's mass on the cells of U that are peers of j
-    t = torch.einsum("ui,uj,bujv->bjiv", U, 1 - U, -torch.log((1 - m).clamp_min(1e-3)))  # Δ_ij(v) [B, j, i, v]
-    nonpeer = (1 - peer)[None, :, :, None]
-    rho = torch.exp(t) * nonpeer  # e^Δ: 0 for peers (exclusion)
-    w, pi = p[:, :, None, :], p[:, None, :, :]  # p_j(v) [B, j, 1, v], p_i(a) [B, 1, i, a]
-    Z = (1 + pi * (rho - 1)).clamp_min(min_z)  # [B, j, i, v]
-    S = (w / Z).sum(-1, keepdim=True)
-    r = -torch.log((S + w * (rho - 1) / Z).clamp_min(min_z))  # log(p_i(a) / mix_i(a)), a in the last axis
-    R = (pi * r).sum(-1, keepdim=True)
-    d = ((w / Z) * R + w * pi * (rho - 1) * r / Z + w * (pi * t * rho / Z - torch.log(Z))).sum(-1)  # [B, j, i]
-    mk = masked_BL.to(dt)
-    d = d.clamp_min(0) * (mk[:, :, None] * mk[:, None, :]) * (1 - torch.eye(L, dtype=dt, device=dev))
-    return (d + d.transpose(1, 2)) / 2
+    B, L = masked_BL.shape
+    masked_BL = masked_BL.bool()
+    K = int(masked_BL.sum(1).max()) if B else 0
+    pos = torch.argsort((~masked_BL).to(torch.int8), dim=1, stable=True)[:, :K]  # masked cells first
+    sub = constraint_mi_among(p_BLV, masked_BL, pos, masked_BL.gather(1, pos), top_k=top_k, min_z=min_z)
+    out = torch.zeros(B, L, L, dtype=p_BLV.dtype, device=p_BLV.device)
+    ar = torch.arange(B, device=p_BLV.device)[:, None, None]
+    return out.index_put((ar, pos[:, :, None], pos[:, None, :]), sub)

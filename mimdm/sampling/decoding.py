@@ -344,7 +344,7 @@ def head_mi_fn(head, layer: int = -1):
 
     def fn(info: StepInfo, model: MaskedModel, candidates=None):
         with torch.no_grad():
-            mi = head(info.hidden, info.masked, info.entropy, candidates_BL=candidates)
+            mi = head(info.hidden, info.masked, info.entropy, info.probs, candidates_BL=candidates)
         return mi, {"head_passes": int(info.masked.shape[0])}  # one head pass per unfinished sequence
 
     fn.layer = layer
