@@ -274,3 +274,15 @@ def test_ablation_slot_names_are_folder_safe_and_distinct():
         names = list(ablation_configs(dataclasses.replace(get_profile("cpu"), head_arch=arch)))
         slots = [slot_name(n) for n in names]
         assert len(set(slots)) == len(names) and all(s.replace("_", "").replace("-", "").isalnum() for s in slots)
+
+
+def test_shipped_evals_leave_out_entries_of_other_models_and_heads():
+    from mimdm.experiments.ship import _of_shipped
+
+    heads = {"h1", "h2"}
+    assert _of_shipped({"model": "m", "rule": {"class": "Sequential"}}, "m", heads)
+    assert _of_shipped({"model": "m", "what": "nll"}, "m", heads)
+    assert _of_shipped({"model": "m", "rule": {"class": "MIGuided", "mi_fn": "head:h2:layer-1"}}, "m", heads)
+    assert _of_shipped({"model": "m", "rule": {"class": "MIGuided", "mi_fn": "zero"}}, "m", heads)
+    assert not _of_shipped({"model": "m", "rule": {"class": "MIGuided", "mi_fn": "head:old:layer-1"}}, "m", heads)
+    assert not _of_shipped({"model": "other", "rule": {"class": "Sequential"}}, "m", heads)

@@ -212,12 +212,27 @@ def _shipped_models(profile_name: str, domain: str, device="cpu"):
     return model, head
 
 
+def _shipped_head_shas(profile_name: str) -> set[str]:
+    """The weights' sha256 (`mimdm.evaluation.evalcache.module_sha256`) of every installed shipped MI head of a
+    profile."""
+    return {module_sha256(load_head(artifacts_root() / r["artifact"] / "head.pt")[0])
+            for r in shipped.records(profile_name) if r.get("kind") == "mi_head"}
+
+
+def _of_shipped(key: dict, model_sha: str, head_shas: set[str]) -> bool:
+    """Whether a stored evaluation's key is of the shipped MDM and, if its rule reads an MI head, of a shipped head
+    (entries of earlier heads are left out)."""
+    mi_fn = str((key.get("rule") or {}).get("mi_fn", ""))
+    return key["model"] == model_sha and (not mi_fn.startswith("head:") or mi_fn.split(":")[1] in head_shas)
+
+
 def ship_evals(profile, device="cpu", domain: str = "sudoku") -> list[Path]:
     """Ship the stored decodes and NLL scores of a domain's shipped MDM (`mimdm.evaluation.evalcache`, folder
     ``evals/<domain>-*``, filled by running the chapters: 1, 5 and 6 for ``"sudoku"``, 4 for ``"protein"``) as slot
     ``<domain>_evals``.
 
-    Only entries computed on the shipped MDM of the domain (its weights' sha256) are shipped. The slot's reproduced
+    Only entries computed on the shipped MDM of the domain (its weights' sha256), and with a shipped MI head where a
+    rule reads one, are shipped. The slot's reproduced
     evaluation re-decodes the first `EVALS_RECHECK_ROWS` sequences of one argmax decode per kind of rule with the
     shipped MDM and MI head (`mimdm.evaluation.evalcache.recheck`).
 
@@ -230,7 +245,8 @@ def ship_evals(profile, device="cpu", domain: str = "sudoku") -> list[Path]:
     model, head = _shipped_models(profile.name, domain, device)
     cache = EvalCache(domain)
     sha = module_sha256(model)
-    files = [f for f in cache.files() if json.loads(load_checkpoint(cache.dir / f)["key"])["model"] == sha]
+    heads = _shipped_head_shas(profile.name)
+    files = [f for f in cache.files() if _of_shipped(json.loads(load_checkpoint(cache.dir / f)["key"]), sha, heads)]
     if not files:
         raise FileNotFoundError(f"no stored evaluation of the shipped {domain} MDM in {cache.dir}: run its chapters first")
     ev = _evals_recheck(cache, model, head)
