@@ -14,6 +14,7 @@ pool, would give.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -114,13 +115,15 @@ def band_stack_pairs() -> np.ndarray:
     return (same_band | same_stack) & ~sd.constraint_graph() & ~np.eye(81, dtype=bool)
 
 
-def _unit_tables(device, dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(member [27, 81], peer [81, 81], unit_peer [27, 81, 81])``: unit membership, the constraint graph, and
-    [u, k, j] = 1 if cell k is in unit u and is a peer of j."""
+@functools.lru_cache(maxsize=8)
+def _unit_tables(device, dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(member [27, 81], peer [81, 81], unit_cells [243], unit_peer [27, 9, 81])``: unit membership, the constraint
+    graph, the units' cells (unit-major), and [u, q, j] = 1 if the q-th cell of unit u is a peer of j. Cached."""
+    cells = torch.from_numpy(sd.UNITS.copy()).to(device)  # [27, 9]
     member = torch.zeros(len(sd.UNITS), sd.N_CELLS, dtype=dtype, device=device)
-    member[torch.arange(len(sd.UNITS), device=device)[:, None], torch.from_numpy(sd.UNITS.copy()).to(device)] = 1
+    member[torch.arange(len(sd.UNITS), device=device)[:, None], cells] = 1
     peer = torch.from_numpy(sd.constraint_graph()).to(device, dtype)
-    return member, peer, member[:, :, None] * peer[None]
+    return member, peer, cells.reshape(-1), peer[cells]
 
 
 def constraint_mi_among(p_BLV: torch.Tensor, masked_BL: torch.Tensor, positions_BK: torch.Tensor,
@@ -159,24 +162,25 @@ def constraint_mi_among(p_BLV: torch.Tensor, masked_BL: torch.Tensor, positions_
         raise ValueError("constraint_mi got non-finite marginals")
     dev, dt, K, V = p_BLV.device, p_BLV.dtype, positions_BK.shape[1], 9
     T = V if top_k is None else top_k  # the conditioning cell's digits v kept
-    member, peer, unit_peer = _unit_tables(dev, dt)
+    member, peer, unit_cells, unit_peer = _unit_tables(dev, dt)
     p = p_BLV * masked_BL[..., None].to(dt)
     pos = positions_BK.long()
     ok = valid_BK.bool() & masked_BL.gather(1, pos)
     out = []
     for s in range(0, B, chunk):
         pb, ib, b = p[s:s + chunk], pos[s:s + chunk], min(chunk, B - s)
-        ps = pb.gather(1, ib[..., None].expand(b, K, V))  # [b, K, V]
-        # m_Ujv: v's mass on the cells of U that are peers of j, for the K cells j: [b, j, v, u]
-        m = torch.einsum("ukj,bkv->bjvu", unit_peer, pb).gather(1, ib[:, :, None, None].expand(b, K, V, 27))
+        arb = torch.arange(b, device=dev)[:, None, None]
+        ps = pb[arb[:, 0], ib]  # [b, K, V]
+        # m_Ujv: v's mass on the cells of U that are peers of j, unit by unit over its 9 cells: [b, j, v, u]
+        m = torch.einsum("uqj,buqv->bjvu", unit_peer, pb[:, unit_cells].view(b, 27, 9, V))
         pi = ps.transpose(1, 2)[:, None]  # p_i(a) [b, 1, a, i]
         if T < V:  # j's T most likely digits, renormalised
             w, top = ps.topk(T, dim=-1)  # [b, j, T]
             w = w / w.sum(-1, keepdim=True).clamp_min(torch.finfo(dt).tiny)
-            m = m.gather(2, top[..., None].expand(b, K, T, 27))
-            pi = pi.expand(b, K, V, K).gather(2, top[..., None].expand(b, K, T, K))  # p_i(v) for j's digits v
+            m = m[arb, ib[:, :, None], top]  # [b, j, T, u]
+            pi = pi[:, 0][arb, top]  # p_i(v) for j's digits v: [b, j, T, i]
         else:
-            w = ps
+            w, m = ps, m[arb[:, 0], ib]
         lg = (1 - m).clamp_min_(1e-3).log_().neg_()
         t = (lg.reshape(b, K * T, 27) @ member[:, ib].permute(1, 0, 2)).view(b, K, T, K)  # Δ_ij(v) [b, j, v, i]
         nonpeer = (1 - peer[ib[:, :, None], ib[:, None, :]])[:, :, None, :]  # [b, j, 1, i]; exclusion for peers
