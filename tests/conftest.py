@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +19,28 @@ def tiny():
 
     torch.manual_seed(0)
     return SudokuMDM(SudokuMDMConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)).eval()
+
+
+@pytest.fixture(scope="session")
+def deadly_rectangle():
+    """``(solution [81], cells [4], grid [81])``: a solution grid (seed 0) and four cells (r1,c1), (r1,c2), (r2,c1),
+    (r2,c2) in two boxes of one band holding digits a, b, b, a; ``grid`` is the solution with them blanked, which has
+    exactly two completions (a and b swapped)."""
+    from mimdm.data import sudoku as sd
+
+    rng = np.random.default_rng(0)
+    for sol in sd.random_solutions(20, rng):
+        s = sol.reshape(9, 9)
+        for r1 in range(9):
+            for r2 in range(r1 + 1, (r1 // 3 + 1) * 3):  # same band
+                for c1 in range(9):
+                    for c2 in range((c1 // 3 + 1) * 3, 9):  # another stack
+                        if s[r1, c1] == s[r2, c2] and s[r1, c2] == s[r2, c1]:
+                            cells = [9 * r1 + c1, 9 * r1 + c2, 9 * r2 + c1, 9 * r2 + c2]
+                            grid = sol.copy()
+                            grid[cells] = 0
+                            return sol, cells, grid
+    raise AssertionError("no deadly rectangle in 20 grids")
 
 
 #: ESM-2's 33-token vocabulary, in its order (facebook/esm2_* vocab.txt).

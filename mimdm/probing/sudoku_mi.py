@@ -243,3 +243,118 @@ def constraint_mi(p_BLV: torch.Tensor, masked_BL: torch.Tensor, top_k: int | Non
     out = torch.zeros(B, L, L, dtype=p_BLV.dtype, device=p_BLV.device)
     ar = torch.arange(B, device=p_BLV.device)[:, None, None]
     return out.index_put((ar, pos[:, :, None], pos[:, None, :]), sub)
+
+
+def _peer_sum(d: torch.Tensor) -> torch.Tensor:
+    """``[..., 81, V]`` → for each cell the sum of ``d`` over its 20 peers: row + column + box sums, less the cell's
+    row and column segments within its box (each counted twice), less the cell itself (three times, then twice)."""
+    x = d.reshape(*d.shape[:-2], 3, 3, 3, 3, d.shape[-1])  # [..., band, row in band, stack, column in stack, V]
+    row = x.sum((-3, -2), keepdim=True)
+    col = x.sum((-5, -4), keepdim=True)
+    mini_row = x.sum(-2, keepdim=True)  # the cell's row within its box
+    mini_col = x.sum(-4, keepdim=True)
+    box = mini_row.sum(-4, keepdim=True)
+    return (row + col + box - mini_row - mini_col - x).reshape(d.shape)
+
+
+def propagated_mi(p_BLV: torch.Tensor, masked_BL: torch.Tensor, rounds: int = 5, damping: float = 0.7,
+                  top_k: int | None = None, chunk: int = 4, eps: float = 1e-6) -> torch.Tensor:
+    """MI ``[B, 81, 81]`` (nats) of Sudoku's exclusion constraints propagated from an MDM's marginals alone.
+
+    For every masked cell j and digit v, x_j = v is fixed and the marginals q of the other masked cells are updated
+    ``rounds`` times, all at once, by a damped mean-field form of the all-different constraints (naive mean field on
+    a constraint-satisfaction problem, e.g. Mézard & Montanari, *Information, Physics, and Computation*, 2009,
+    ch. 14), starting from q = p:
+
+        q_k ← (1 − λ) q_k + λ softmax_a(log p_k(a) + Σ_{l ∈ peers(k)} [log(1 − q_l(a)) − log(1 − p_l(a))]),
+
+    λ = ``damping``, the factor of peer l being how much likelier "l does not hold a" has become than in the context
+    (1 − q and 1 − p clamped at ``eps``). The first update moves j's peers (for them v is excluded), the next ones
+    the peers of those (cells that share no unit with j), and so on: a chain of forced cells couples cells that no
+    single unit links, as in a context with few completions. The MI is probing's formula on the conditionals
+    q_i^(j,v) (`mimdm.probing.exact.probe_mi`: the directed Σ_v p_j(v) KL(q_i^(j,v) ‖ Σ_v' p_j(v') q_i^(j,v')), then
+    the mean of the two directions). The updates need not converge to the probed values: many rounds make every
+    coupled cell forced, so ``rounds`` and ``damping`` are settings to choose (`propagated_mi_rounds` gives several
+    rounds from one run). `constraint_mi` is a closed form of about one undamped round (with a hidden-single shift
+    instead of peer factors). This costs |M|·V'·``rounds`` updates of a whole ``[81, 9]`` grid per context (|M|
+    masked cells, V' = ``top_k`` or 9 digits): a reference estimator, many MDM forwards of the `cpu` model in
+    cost, not a feature of the one-pass head.
+
+    Args:
+        p_BLV: ``[B, 81, 9]`` marginals p(x_i = v | c) of each cell (rows of unmasked cells are ignored).
+        masked_BL: ``[B, 81]`` bool, the masked cells.
+        rounds: number of updates (≥ 1).
+        damping: λ in (0, 1] (1: undamped).
+        top_k: None (all 9 digits) or 1..9: each direction conditions on j's ``top_k`` most likely digits only (its
+            marginal truncated there and renormalised).
+        chunk: grids per step (bounds the ``[chunk, |M|·V', 81, 9]`` temporaries).
+        eps: floor of 1 − q and 1 − p.
+
+    Returns:
+        ``[B, 81, 81]`` float32, symmetric, ≥ 0, zero on the diagonal and at unmasked cells.
+
+    Raises:
+        ValueError: shapes other than ``[B, 81, 9]`` and ``[B, 81]``; non-finite marginals; ``rounds`` < 1;
+            ``damping`` outside (0, 1]; ``top_k`` outside 1..9; ``chunk`` < 1.
+    """
+    return propagated_mi_rounds(p_BLV, masked_BL, (rounds,), damping, top_k, chunk, eps)[rounds]
+
+
+def propagated_mi_rounds(p_BLV: torch.Tensor, masked_BL: torch.Tensor, rounds, damping: float = 0.7,
+                         top_k: int | None = None, chunk: int = 4, eps: float = 1e-6) -> dict[int, torch.Tensor]:
+    """`propagated_mi` after each of several numbers of rounds, from one run: ``{r: [B, 81, 81]}`` for each ``r`` in
+    ``rounds`` (a non-empty collection of integers ≥ 1). Arguments and errors as `propagated_mi`."""
+    rounds = sorted({int(r) for r in rounds})
+    if p_BLV.dim() != 3 or p_BLV.shape[1:] != (sd.N_CELLS, 9) or tuple(masked_BL.shape) != tuple(p_BLV.shape[:2]):
+        raise ValueError(f"propagated_mi needs p [B, 81, 9] and masked [B, 81]; got {tuple(p_BLV.shape)} and "
+                         f"{tuple(masked_BL.shape)}")
+    if not rounds or rounds[0] < 1:
+        raise ValueError(f"rounds must be integers >= 1, got {rounds}")
+    if not 0 < damping <= 1:
+        raise ValueError(f"damping must be in (0, 1], got {damping}")
+    if top_k is not None and not 1 <= top_k <= 9:
+        raise ValueError(f"top_k must be in 1..9 (or None), got {top_k}")
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    if not torch.isfinite(p_BLV).all():
+        raise ValueError("propagated_mi got non-finite marginals")
+    B, L, V = p_BLV.shape
+    dev = p_BLV.device
+    masked_BL = masked_BL.bool().to(dev)
+    T = V if top_k is None else top_k
+    K = int(masked_BL.sum(1).max()) if B else 0
+    out = {r: torch.zeros(B, L, L, device=dev) for r in rounds}
+    if K < 2:
+        return out
+    p = p_BLV.float().clamp_min(1e-12)
+    p = p / p.sum(-1, keepdim=True)
+    pos = torch.argsort((~masked_BL).to(torch.int8), dim=1, stable=True)[:, :K]  # masked cells first
+    ok = masked_BL.gather(1, pos)  # [B, K]: real masked cells, not padding
+    log_p, log_not_p = p.log(), torch.log1p(-p.clamp_max(1 - eps))
+    cells = torch.arange(L, device=dev)
+    for s in range(0, B, chunk):
+        b = min(chunk, B - s)
+        pb, ib, mb = p[s:s + b], pos[s:s + b], masked_BL[s:s + b]
+        w, v = pb.gather(1, ib[..., None].expand(b, K, V)).topk(T, dim=-1)  # j's digits and weights [b, K, T]
+        wv = (w / w.sum(-1, keepdim=True))[..., None, None]  # [b, j, v, 1, 1]
+        j_S = ib[:, :, None].expand(b, K, T).reshape(b, K * T)  # the fixed cell of each scenario S = (j, v)
+        fixed = cells[None, None, :] == j_S[:, :, None]  # [b, S, L]
+        free = (~fixed & mb[:, None, :])[..., None]
+        onehot = torch.nn.functional.one_hot(v.reshape(b, K * T), V).float()[:, :, None, :]  # [b, S, 1, V]
+        q = torch.where(fixed[..., None], onehot, pb[:, None])  # [b, S, L, V]
+        changes = mb[:, None, :, None].float()  # unmasked cells never change
+        okb = ok[s:s + b]
+        pair = okb[:, :, None] & okb[:, None, :] & (ib[:, :, None] != ib[:, None, :])
+        ar = torch.arange(b, device=dev)[:, None, None]
+        for r in range(1, rounds[-1] + 1):
+            delta = (torch.log1p(-q.clamp_max(1 - eps)) - log_not_p[s:s + b, None]) * changes
+            new = torch.softmax(log_p[s:s + b, None] + _peer_sum(delta), -1)
+            q = torch.where(free, new if damping == 1 else torch.lerp(q, new, damping), q)
+            if r not in out:
+                continue
+            qi = q.gather(2, ib[:, None, :, None].expand(b, K * T, K, V)).view(b, K, T, K, V)  # q_i^(j,v)
+            mix = (wv * qi).sum(2, keepdim=True)
+            kl = (wv * qi * (qi.clamp_min(1e-12).log() - mix.clamp_min(1e-12).log())).sum((2, 4))  # [b, j, i]
+            d = kl.transpose(1, 2).clamp_min(0) * pair  # [b, i, j]: I(x_i; x_j) read at i
+            out[r][s:s + b] = out[r][s:s + b].index_put((ar, ib[:, :, None], ib[:, None, :]), (d + d.transpose(1, 2)) / 2)
+    return out
