@@ -147,6 +147,129 @@ def test_error_class_findings_verdicts():
     assert mh._error_class_findings([], 0.856) == ""
 
 
+def _completion_split(deadly_rectangle):
+    """Four contexts: one completion (2 masked peers), the deadly rectangle (2 completions), the empty grid (1000+)
+    and a grid breaking a rule (0 completions, 2 masked cells); labels and head predictions set by hand."""
+    sol, cells, rect = deadly_rectangle
+    one = sol.copy()
+    one[[0, 1]] = 0
+    empty = np.zeros(81, dtype=np.int8)
+    broken = sol.copy()
+    broken[2] = sol[1]  # two equal digits in row 0
+    broken[[40, 80]] = 0
+    grids = np.stack([one, rect, empty, broken])
+    tokens = torch.from_numpy(np.where(grids == 0, 9, grids.astype(np.int64) - 1))
+    mi, pred = torch.zeros(4, 81, 81), torch.zeros(4, 81, 81)
+
+    def put(m, b, i, j, v):
+        m[b, i, j] = m[b, j, i] = v
+
+    put(mi, 0, 0, 1, 0.1)
+    put(pred, 0, 0, 1, 0.3)  # squared error 0.04
+    for a in range(4):
+        for c in range(a + 1, 4):
+            put(mi, 1, cells[a], cells[c], 0.5)
+            put(pred, 1, cells[a], cells[c], 0.4)  # 6 x 0.01
+    graph = torch.from_numpy(sd.constraint_graph()).float()
+    mi[2] = pred[2] = 0.01 * graph  # exact
+    put(mi, 3, 40, 80, 0.2)
+    put(pred, 3, 40, 80, 0.2)
+    return {"tokens": tokens, "mi": mi}, pred
+
+
+def test_error_by_completions_groups_contexts_by_their_completions(deadly_rectangle):
+    data, pred = _completion_split(deadly_rectangle)
+    rows = mh.error_by_completions(pred, data, 9)
+    assert [r["completions"] for r in rows] == ["0", "1", "2-32", "1000+"]  # no context in 33-999: no row
+    by = {r["completions"]: r for r in rows}
+    n = 1 + 1 + 6 + 81 * 80 // 2
+    assert all(r["n_contexts"] == 1 for r in rows)
+    assert by["1"]["share_of_pairs"] == pytest.approx(1 / n) and by["2-32"]["share_of_pairs"] == pytest.approx(6 / n)
+    assert by["1"]["share_of_squared_error"] == pytest.approx(0.4) and by["2-32"]["share_of_squared_error"] == pytest.approx(0.6)
+    assert by["0"]["share_of_squared_error"] == 0 and by["1000+"]["share_of_squared_error"] == 0
+    mass = 0.1 + 6 * 0.5 + 0.01 * 810 + 0.2  # 810 peer pairs i < j on the empty grid
+    assert by["2-32"]["share_of_mi"] == pytest.approx(3.0 / mass)
+    masked = data["tokens"] == 9
+    t = np.concatenate([mh.pair_values(data["mi"][b], masked[b]) for b in range(4)])
+    p = np.concatenate([mh.pair_values(pred[b], masked[b]) for b in range(4)])
+    fixed = p.copy()
+    fixed[1:7] = t[1:7]  # the rectangle's 6 pairs come after context 0's single pair
+    assert by["2-32"]["pearson_if_exact"] == pytest.approx(np.corrcoef(fixed, t)[0, 1])
+    with pytest.raises(ValueError, match="no completion class holds 0"):
+        mh.error_by_completions(pred, data, 9, classes=((1, 1), (2, None)))
+    with pytest.raises(ValueError, match="Sudoku tokens"):
+        mh.error_by_completions(pred, data, 10)
+    with pytest.raises(ValueError, match="differ in shape"):
+        mh.error_by_completions(pred[:2], data, 9)
+
+
+def _propagation_split(deadly_rectangle):
+    """The deadly rectangle with its true marginals (labels ln 2 on its 6 pairs) and three determined cells in three
+    different units (labels 0)."""
+    sol, cells, rect = deadly_rectangle
+    far = sol.copy()
+    far[[0, 40, 80]] = 0
+    grids = np.stack([rect, far])
+    tokens = torch.from_numpy(np.where(grids == 0, 9, grids.astype(np.int64) - 1))
+    probs = torch.zeros(2, 81, 9)
+    probs[:, torch.arange(81), torch.from_numpy(sol.astype(np.int64) - 1)] = 1
+    a, b = int(sol[cells[0]]) - 1, int(sol[cells[1]]) - 1
+    probs[0, cells] = 0
+    probs[0, cells, a] = probs[0, cells, b] = 0.5
+    mi = torch.zeros(2, 81, 81)
+    for i in cells:
+        for j in cells:
+            if i != j:
+                mi[0, i, j] = math.log(2)
+    return {"tokens": tokens, "mi": mi, "probs": probs}
+
+
+def test_propagation_reference_chooses_on_validation_and_combines(deadly_rectangle):
+    data = _propagation_split(deadly_rectangle)
+    head = 0.5 * data["mi"]
+    summary, mi_test = mh.propagation_reference(data, data, 9, head, head, dampings=(1.0,), rounds=(1, 2))
+    assert [(g["damping"], g["rounds"]) for g in summary["grid"]] == [(1.0, 1), (1.0, 2)]
+    assert summary["grid"][0]["val_pearson"] < 0.9  # round 1 misses the rectangle's diagonal
+    assert summary["rounds"] == 2 and summary["damping"] == 1.0 and summary["top_k"] == mh.PROPAGATION_TOP_K
+    assert summary["test"]["pearson"] == pytest.approx(1.0, abs=1e-4)
+    assert summary["combined"]["pearson"] == pytest.approx(1.0, abs=1e-4) and len(summary["combined"]["weights"]) == 3
+    assert mi_test.shape == (2, 81, 81) and mi_test[1].abs().max() < 1e-4
+    with pytest.raises(KeyError, match="probs"):
+        mh.propagation_reference({k: v for k, v in data.items() if k != "probs"}, data, 9, head, head)
+    with pytest.raises(ValueError, match="differ in shape"):
+        mh.propagation_reference(data, data, 9, head[:1], head)
+
+
+def test_propagation_cost_times_both_on_the_same_contexts():
+    m = SudokuMDM(TINY).eval()
+    c = mh.propagation_cost(m, damping=0.5, rounds=2, batch=2)
+    assert set(c) == {"mdm_forward_s", "reference_s", "reference_over_forward"}
+    assert c["mdm_forward_s"] > 0 and c["reference_s"] > 0
+    assert c["reference_over_forward"] == pytest.approx(c["reference_s"] / c["mdm_forward_s"])
+
+
+def test_completion_and_propagation_findings():
+    rows = [{"completions": "1", "n_contexts": 1, "share_of_pairs": 0.14, "share_of_squared_error": 0.2,
+             "pearson_if_exact": 0.94},
+            {"completions": "2-32", "n_contexts": 14, "share_of_pairs": 0.1, "share_of_squared_error": 0.4,
+             "pearson_if_exact": 0.95}]
+    text = mh._completions_findings(rows)
+    assert "2-32 completions: 14 contexts, 10% of the pairs, 40% of the squared error" in text
+    assert "1 completion: 1 context, 14% of the pairs" in text
+    assert "heaviest in contexts with 2-32 completions (40% of the squared error on 10% of the" in text
+    assert "would be 0.950." in text and mh._completions_findings([]) == ""
+    ref = {"damping": 0.5, "rounds": 7, "grid": [{}] * 30, "val_pearson": 0.944, "test": {"pearson": 0.948},
+           "combined": {"pearson": 0.955}, "cost": {"reference_over_forward": 16.2}}
+    head = {"head_over_forward": 0.225, "mdm_forward_s": 0.0016, "probing_s": 1.4}
+    text = mh._propagation_findings(ref, 0.924, head)
+    assert "damping 0.5 and 7 rounds chosen on" in text and "among 30 settings" in text
+    assert "above the head's 0.924" in text and "at 16x one MDM forward" in text and "probing: 875x" in text
+    assert "test Pearson 0.955 and reach the 0.95 target" in text
+    low = mh._propagation_findings({**ref, "test": {"pearson": 0.9}, "combined": {"pearson": 0.93}}, 0.924, head)
+    assert "below the head's 0.924" in low and "stay below the 0.95 target" in low
+    assert mh._propagation_findings(None, 0.924, head) == ""
+
+
 def test_constraint_recovery_of_graph_shaped_maps():
     data = _fake_labels()
     masked = data["tokens"] == 9

@@ -38,7 +38,8 @@ from mimdm.pipelines.labels import (
 )
 from mimdm.pipelines.zoo import grids_to_tokens
 from mimdm.probing.exact import probe_mi
-from mimdm.probing.sudoku_mi import underdetermined_grids
+from mimdm.core.timing import seconds_per_call
+from mimdm.probing.sudoku_mi import propagated_mi, propagated_mi_rounds, underdetermined_grids
 
 
 def load_or_build_labels(model: MaskedModel, model_path: str | Path, cfg: LabelConfig, progress: bool = True) -> Path:
@@ -290,7 +291,6 @@ def error_by_pair_class(pred_BLL: torch.Tensor, data: dict, mask_id: int, classe
     if len(masked_BL) == 0 or int((masked_BL.sum(1) >= 2).sum()) == 0:
         raise ValueError("the label split holds no pair of masked positions")
     p, t = _pairs(pred_BLL, masked_BL).astype(float), _pairs(mi_BLL, masked_BL).astype(float)
-    se = (p - t) ** 2
     rows = []
     for name, cls_LL in classes.items():
         cls_LL = np.asarray(cls_LL)
@@ -299,10 +299,76 @@ def error_by_pair_class(pred_BLL: torch.Tensor, data: dict, mask_id: int, classe
         if not np.array_equal(cls_LL, cls_LL.T):
             raise ValueError(f"pair class {name!r} is not symmetric")
         sel = np.concatenate([pair_values(cls_LL, masked_BL[b]) for b in range(len(masked_BL))])
-        rows.append({"pair_class": name, "share_of_pairs": float(sel.mean()), "share_of_mi": _share(t[sel].sum(), t.sum()),
-                     "share_of_squared_error": _share(se[sel].sum(), se.sum()),
-                     "pearson": correlation(p[sel], t[sel])["pearson"],
-                     "pearson_if_exact": correlation(np.where(sel, t, p), t)["pearson"]})
+        rows.append({"pair_class": name, **_class_error(p, t, sel)})
+    return rows
+
+
+def _class_error(p: np.ndarray, t: np.ndarray, sel: np.ndarray) -> dict:
+    """The error statistics of `error_by_pair_class` for the pairs ``sel`` (bool) of predictions ``p`` and labels ``t``."""
+    se = (p - t) ** 2
+    return {"share_of_pairs": float(sel.mean()), "share_of_mi": _share(t[sel].sum(), t.sum()),
+            "share_of_squared_error": _share(se[sel].sum(), se.sum()), "pearson": correlation(p[sel], t[sel])["pearson"],
+            "pearson_if_exact": correlation(np.where(sel, t, p), t)["pearson"]}
+
+
+#: Classes of `error_by_completions`: inclusive ranges of a context's number of completions (None: no upper end).
+COMPLETION_CLASSES = ((0, 0), (1, 1), (2, 32), (33, 999), (1000, None))
+
+
+def error_by_completions(pred_BLL: torch.Tensor, data: dict, mask_id: int, classes=COMPLETION_CLASSES,
+                         limit: int = 1000) -> list[dict]:
+    """Where the head's error lies by how far each context determines the grid: the masked pairs (i < j) of a Sudoku
+    label split, grouped by their context's number of completions (`mimdm.data.sudoku.count_solutions`, counted up to
+    ``limit``; 0 for givens that break a rule, as a decoding-trajectory state can hold).
+
+    A context with few completions couples cells that share no unit through the choice among them (on two
+    completions, every cell that differs between them determines the others): dependence that no pair of cells'
+    own constraints shows.
+
+    Args:
+        pred_BLL: ``[N, 81, 81]`` predicted MI (nats), e.g. `predict_from_labels`.
+        data: the label split (``tokens [N, 81]``: values 0..8 for digits 1..9 and ``mask_id``; ``mi [N, 81, 81]``
+            probed MI in nats).
+        mask_id: the MDM's mask token id.
+        classes: inclusive ``(lo, hi)`` ranges of the count (``hi`` None: no upper end); a context goes to the first
+            range holding its count.
+        limit: counting stops here, so the count is ``min(true count, limit)``; a range above ``limit`` holds nothing.
+
+    Returns:
+        One row per range that holds a context, in the order given: ``{"completions"`` (e.g. ``"2-32"``, ``"1000+"``),
+        ``"n_contexts"`` and the statistics of `error_by_pair_class` (``"share_of_pairs"``, ``"share_of_mi"``,
+        ``"share_of_squared_error"``, ``"pearson"``, ``"pearson_if_exact"``)``}``.
+
+    Raises:
+        ValueError: ``pred_BLL`` and ``data["mi"]`` of different shapes; not Sudoku tokens (length 81, values 0..8 and
+            ``mask_id``); no masked pair at all; a context whose count no range holds; ``limit`` < 1.
+    """
+    tokens_BL, mi_BLL = data["tokens"], data["mi"]
+    if tuple(pred_BLL.shape) != tuple(mi_BLL.shape):
+        raise ValueError(f"pred {tuple(pred_BLL.shape)} and labels {tuple(mi_BLL.shape)} differ in shape")
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    masked_BL = tokens_BL == mask_id
+    if tokens_BL.shape[-1] != sd.N_CELLS or bool(((tokens_BL < 0) | (tokens_BL > 8))[~masked_BL].any()):
+        raise ValueError(f"error_by_completions needs Sudoku tokens: {sd.N_CELLS} cells of values 0..8 or the mask "
+                         f"{mask_id}")
+    if len(masked_BL) == 0 or int((masked_BL.sum(1) >= 2).sum()) == 0:
+        raise ValueError("the label split holds no pair of masked positions")
+    grids = np.where(masked_BL.numpy(), 0, tokens_BL.numpy() + 1).astype(np.int8)
+    counts = np.array([sd.count_solutions(g, limit) for g in grids])
+    which = np.full(len(counts), -1)
+    for k, (lo, hi) in reversed(list(enumerate(classes))):
+        which[(counts >= lo) & (counts <= (np.inf if hi is None else hi))] = k
+    if (which < 0).any():
+        raise ValueError(f"no completion class holds {int(counts[which < 0][0])} completions: classes {classes}")
+    p, t = _pairs(pred_BLL, masked_BL).astype(float), _pairs(mi_BLL, masked_BL).astype(float)
+    n_pairs_B = masked_BL.sum(1).numpy().astype(np.int64)
+    pair_class = np.repeat(which, n_pairs_B * (n_pairs_B - 1) // 2)
+    rows = []
+    for k, (lo, hi) in enumerate(classes):
+        if (which == k).any():
+            name = f"{lo}+" if hi is None else str(lo) if lo == hi else f"{lo}-{hi}"
+            rows.append({"completions": name, "n_contexts": int((which == k).sum()), **_class_error(p, t, pair_class == k)})
     return rows
 
 
@@ -365,11 +431,7 @@ def head_cost(model: MaskedModel, head: MIHead, batch: int = 64, repeats: int = 
     ``"probing_s", "probing_nfe", "speedup_vs_probing"`` (probing the first 8 contexts). Forward and head are timed
     in the same call, one after the other, so their ratio comes from one run.
     """
-    rng = np.random.default_rng(0)
-    sols = sd.random_solutions(batch, rng)
-    grids = np.stack([sd.random_partial(s, 20, rng) for s in sols])
-    x = grids_to_tokens(grids, model.device)
-
+    x = _cost_contexts(model, batch)
     t_fwd, t_head = (s / batch for s in forward_and_head_seconds(model, head, x, layer, repeats))
     out = {"mdm_forward_s": t_fwd, "head_s": t_head, "head_over_forward": t_head / t_fwd,
            "n_masked": int(model.is_masked(x[0]).sum())}
@@ -379,6 +441,104 @@ def head_cost(model: MaskedModel, head: MIHead, batch: int = 64, repeats: int = 
     res = probe_mi(model, x[:n_probe])
     return {**out, "probing_s": res.seconds / n_probe, "probing_nfe": float(res.nfe.float().mean()),
             "speedup_vs_probing": (res.seconds / n_probe) / (t_fwd + t_head)}
+
+
+def _cost_contexts(model: MaskedModel, batch: int) -> torch.Tensor:
+    """The contexts on which costs are timed: ``batch`` random solution grids with 20 clues kept (75% masked), as
+    ``[batch, 81]`` tokens on the model's device (seed 0)."""
+    rng = np.random.default_rng(0)
+    sols = sd.random_solutions(batch, rng)
+    return grids_to_tokens(np.stack([sd.random_partial(s, 20, rng) for s in sols]), model.device)
+
+
+#: The propagated-constraint reference (`propagation_reference`): the dampings and rounds tried on the validation
+#: split, and j's digits each direction conditions on.
+PROPAGATION_DAMPINGS = (0.5, 0.7, 1.0)
+PROPAGATION_ROUNDS = tuple(range(1, 11))
+PROPAGATION_TOP_K = 4
+
+
+def propagation_reference(val: dict, test: dict, mask_id: int, head_val_BLL: torch.Tensor,
+                          head_test_BLL: torch.Tensor, dampings=PROPAGATION_DAMPINGS, rounds=PROPAGATION_ROUNDS,
+                          top_k: int | None = PROPAGATION_TOP_K) -> tuple[dict, torch.Tensor]:
+    """A training-free reference for the head: Sudoku's exclusion constraints propagated from the MDM's marginals
+    (`mimdm.probing.sudoku_mi.propagated_mi`), its settings chosen on the validation split, and its combination with
+    the head.
+
+    Every (damping, rounds) pair of the grid is scored by Pearson with the probed MI over the validation pairs; the
+    best one is evaluated on test (`accuracy`). Combined: the least-squares fit of the probed MI on
+    ``[head, reference, 1]`` over the validation pairs, its weights then applied to the test pairs.
+
+    Args:
+        val, test: label splits with the marginals (``tokens [N, 81]``, ``mi [N, 81, 81]`` nats, ``probs [N, 81, 9]``;
+            `with_marginals`).
+        mask_id: the MDM's mask token id.
+        head_val_BLL, head_test_BLL: the head's predictions on the two splits (`predict_from_labels`).
+        dampings, rounds: the grid (rounds: integers ≥ 1, all computed from one run per damping).
+        top_k: as `mimdm.probing.sudoku_mi.propagated_mi`.
+
+    Returns:
+        ``(summary, mi_test [N, 81, 81])``: ``summary`` = ``{"grid": [{"damping", "rounds", "val_pearson"}],
+        "damping", "rounds", "top_k", "val_pearson", "test"`` (`accuracy`'s overall statistics), ``"combined":
+        {"weights": [head, reference, intercept], "val_pearson", "pearson"}}``, and the chosen setting's test MI.
+
+    Raises:
+        KeyError: a split without ``probs``. ValueError: as `propagated_mi`; predictions of another shape than the
+            split's labels; an empty grid.
+    """
+    for name, split, pred in (("validation", val, head_val_BLL), ("test", test, head_test_BLL)):
+        if "probs" not in split:
+            raise KeyError(f"the {name} split has no marginals 'probs': add them with with_marginals")
+        if tuple(pred.shape) != tuple(split["mi"].shape):
+            raise ValueError(f"{name} predictions {tuple(pred.shape)} and labels {tuple(split['mi'].shape)} differ in shape")
+    if not dampings or not rounds:
+        raise ValueError("propagation_reference needs at least one damping and one number of rounds")
+    masked_val = val["tokens"] == mask_id
+    grid, best, best_mi_val = [], None, None
+    for lam in dampings:
+        by_round = propagated_mi_rounds(val["probs"], masked_val, rounds, damping=lam, top_k=top_k)
+        for r, mi in by_round.items():
+            pearson = correlation(_pairs(mi, masked_val), _pairs(val["mi"], masked_val))["pearson"]
+            grid.append({"damping": float(lam), "rounds": r, "val_pearson": pearson})
+            if not np.isnan(pearson) and (best is None or pearson > best["val_pearson"]):
+                best, best_mi_val = grid[-1], mi
+    if best is None:
+        raise ValueError("no setting of the grid gave a defined validation Pearson")
+    mi_test = propagated_mi(test["probs"], test["tokens"] == mask_id, best["rounds"], best["damping"], top_k)
+    acc = accuracy(mi_test, test, mask_id)["overall"]
+
+    def design(head_BLL, ref_BLL, split):
+        m = split["tokens"] == mask_id
+        return np.stack([_pairs(head_BLL, m), _pairs(ref_BLL, m), np.ones(int(_n_pairs(m)))], 1), _pairs(split["mi"], m)
+
+    x_val, t_val = design(head_val_BLL, best_mi_val, val)
+    weights = np.linalg.lstsq(x_val.astype(float), t_val.astype(float), rcond=None)[0]
+    x_test, t_test = design(head_test_BLL, mi_test, test)
+    combined = {"weights": [float(w) for w in weights],
+                "val_pearson": correlation(x_val @ weights, t_val)["pearson"],
+                "pearson": correlation(x_test @ weights, t_test)["pearson"]}
+    return ({"grid": grid, "damping": best["damping"], "rounds": best["rounds"], "top_k": top_k,
+             "val_pearson": best["val_pearson"], "test": acc, "combined": combined}, mi_test)
+
+
+def _n_pairs(masked_BL: torch.Tensor) -> int:
+    """Number of masked pairs i < j over the contexts of ``masked_BL`` ``[N, L]``."""
+    n = masked_BL.sum(1).long()
+    return int((n * (n - 1) // 2).sum())
+
+
+@torch.no_grad()
+def propagation_cost(model: MaskedModel, damping: float, rounds: int, top_k: int | None = PROPAGATION_TOP_K,
+                     batch: int = 64, repeats: int = 1) -> dict:
+    """Seconds per context of one MDM forward (`mimdm.heads.mi_head.head_inputs`) and of `propagated_mi` on its
+    marginals, on the contexts `head_cost` times (75% masked), one after the other in this call:
+    ``{"mdm_forward_s", "reference_s", "reference_over_forward"}``."""
+    x = _cost_contexts(model, batch)
+    inputs = head_inputs(model, x)
+    t_fwd = seconds_per_call(lambda: head_inputs(model, x), model.device, max(3, repeats)) / batch
+    t_ref = seconds_per_call(lambda: propagated_mi(inputs.probs, inputs.masked, rounds, damping, top_k), model.device,
+                             repeats) / batch
+    return {"mdm_forward_s": t_fwd, "reference_s": t_ref, "reference_over_forward": t_ref / t_fwd}
 
 
 def constraint_recovery(mi: torch.Tensor, masked: torch.Tensor) -> list[dict]:
@@ -599,8 +759,9 @@ def estimator_findings_markdown(values: dict) -> str:
   pairs {comp["no position pairs"]["pearson"]:.3f}, without the two-hop update
   {comp["no two-hop update"]["pearson"]:.3f}, with the strict min-entropy bound
   {comp["min-entropy bound"]["pearson"]:.3f}, {alone} {comp["hidden-state pairs only"]["pearson"]:.3f}.
-''' + _error_class_findings(values.get("error_by_pair_class", []), a["pearson"]) + _direction_findings(
-        values.get("direction_agreement"), a["pearson"])
+''' + _error_class_findings(values.get("error_by_pair_class", []), a["pearson"]) + _completions_findings(
+        values.get("error_by_completions", [])) + _direction_findings(values.get("direction_agreement"), a["pearson"]) \
+        + _propagation_findings(values.get("propagation_reference"), a["pearson"], h)
 
 
 def _num(x, spec: str) -> str:
@@ -631,6 +792,53 @@ def _error_class_findings(rows: list[dict], pearson: float) -> str:
                    + f" would bring it to {target}")
     return f'''- **Where the error is** (test pairs): {parts}. Pooled Pearson if the head were {exact}
   (against {pearson:.4f} as it is): {verdict}.
+'''
+
+
+def _completions_findings(rows: list[dict]) -> str:
+    """The bullet of chapter 2 on the head's error by the contexts' number of completions (`error_by_completions`):
+    each class's share of the contexts, pairs and squared error, and the class where the error per pair is heaviest."""
+    if not rows:
+        return ""
+    parts = "; ".join(f'{_completions(r["completions"])}: {r["n_contexts"]} context{"" if r["n_contexts"] == 1 else "s"}, '
+                      f'{_pct(r["share_of_pairs"])} of the pairs, {_pct(r["share_of_squared_error"])} of the squared '
+                      'error' for r in rows)
+    dense = [r for r in rows if r["share_of_pairs"] and r["share_of_squared_error"] is not None
+             and not np.isnan(r["share_of_squared_error"])]
+    heavy = ""
+    if dense:
+        r = max(dense, key=lambda r: r["share_of_squared_error"] / r["share_of_pairs"])
+        heavy = (f' Per pair the error is heaviest in contexts with {_completions(r["completions"])} '
+                 f'({_pct(r["share_of_squared_error"])} of the squared error on {_pct(r["share_of_pairs"])} of the '
+                 f'pairs); were the head exact there, its Pearson would be {_num(r["pearson_if_exact"], ".3f")}.')
+    return f'''- **Where the error is, by context** (test contexts by their number of completions, counted up to 1,000):
+  {parts}.{heavy}
+'''
+
+
+def _completions(name: str) -> str:
+    """An `error_by_completions` class name with its noun: "1 completion", "2-32 completions"."""
+    return f"{name} completion{'' if name == '1' else 's'}"
+
+
+def _propagation_findings(ref: dict | None, pearson: float, head: dict) -> str:
+    """The bullet of chapter 2 on the propagated-constraint reference (`propagation_reference`, with its
+    `propagation_cost` under ``"cost"``) beside the head's test Pearson and cost (``head``: the chapter's head row)."""
+    if not ref:
+        return ""
+    t, c, cost = ref["test"]["pearson"], ref["combined"]["pearson"], ref["cost"]
+    than = "above" if t > pearson else "below" if t < pearson else "equal to"
+    probing = head.get("probing_s", float("nan")) / head["mdm_forward_s"]
+    target = HEAD_PEARSON_TARGET
+    both = ("reach" if c >= target else "stay below") + f" the {target} target"
+    return f'''- **A training-free reference.** Propagating Sudoku's exclusion constraints over the marginals of the same
+  forward (`propagated_mi`: damped mean field; damping {ref["damping"]:g} and {ref["rounds"]} rounds chosen on
+  validation among {len(ref["grid"])} settings, validation Pearson {ref["val_pearson"]:.3f}) gives test Pearson {t:.3f},
+  {than} the head's {pearson:.3f}, with nothing trained, at {cost["reference_over_forward"]:.0f}x one MDM forward per
+  context (the head: {head["head_over_forward"]:.2f}x; probing: {_num(probing, ".0f")}x). Fitted on validation, head and
+  reference together give test Pearson {c:.3f} and {both}. Propagation over the model's own marginals (dependence
+  carried by chains of forced cells) is what the head's one pass does not reproduce; done explicitly it costs
+  {cost["reference_over_forward"]:.0f}x the forward where the head may spend {HEAD_COST_TARGET}x.
 '''
 
 

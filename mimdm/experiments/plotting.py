@@ -64,7 +64,8 @@ TABLE_LABELS = {"entropy_cap": "cap (nats)", "mi_budget": "MI budget", "solve_ra
                 "dev_nfe": "NFE (dev)", "dev_solve_rate": "solved (dev)", "nfe_budget": "NFE budget",
                 "head_passes": "head passes", "probe_passes": "probing passes", "eps": "ε (nats)",
                 "head_solve_rate": "solved, head", "oracle_solve_rate": "solved, oracle", "head_nfe": "NFE, head",
-                "oracle_nfe": "NFE, oracle", "solve_rate_gap": "solved gap", "nfe_gap": "NFE gap"}
+                "oracle_nfe": "NFE, oracle", "solve_rate_gap": "solved gap", "nfe_gap": "NFE gap",
+                "over_forward": "cost (× one forward)", "n_contexts": "contexts"}
 
 
 def book_table(rows, columns=None, intervals: dict | None = None, digits: int = 3, missing: str = "–"):
