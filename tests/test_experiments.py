@@ -187,8 +187,10 @@ def test_error_by_completions_groups_contexts_by_their_completions(deadly_rectan
     assert by["1"]["share_of_pairs"] == pytest.approx(1 / n) and by["2-32"]["share_of_pairs"] == pytest.approx(6 / n)
     assert by["1"]["share_of_squared_error"] == pytest.approx(0.4) and by["2-32"]["share_of_squared_error"] == pytest.approx(0.6)
     assert by["0"]["share_of_squared_error"] == 0 and by["1000+"]["share_of_squared_error"] == 0
+    assert by["0"]["share_of_pairs"] == pytest.approx(1 / n) and by["1000+"]["share_of_pairs"] == pytest.approx(3240 / n)
     mass = 0.1 + 6 * 0.5 + 0.01 * 810 + 0.2  # 810 peer pairs i < j on the empty grid
     assert by["2-32"]["share_of_mi"] == pytest.approx(3.0 / mass)
+    assert by["0"]["share_of_mi"] == pytest.approx(0.2 / mass) and by["1000+"]["share_of_mi"] == pytest.approx(8.1 / mass)
     masked = data["tokens"] == 9
     t = np.concatenate([mh.pair_values(data["mi"][b], masked[b]) for b in range(4)])
     p = np.concatenate([mh.pair_values(pred[b], masked[b]) for b in range(4)])
@@ -201,6 +203,12 @@ def test_error_by_completions_groups_contexts_by_their_completions(deadly_rectan
         mh.error_by_completions(pred, data, 10)
     with pytest.raises(ValueError, match="differ in shape"):
         mh.error_by_completions(pred[:2], data, 9)
+    with pytest.raises(ValueError, match="do not match"):
+        mh.error_by_completions(pred, {**data, "tokens": data["tokens"][:2]}, 9)
+    with pytest.raises(ValueError, match="non-finite"):
+        mh.error_by_completions(pred * float("nan"), data, 9)
+    with pytest.raises(ValueError, match="straddles"):
+        mh.error_by_completions(pred, data, 9, limit=50)
 
 
 def _propagation_split(deadly_rectangle):
@@ -225,19 +233,30 @@ def _propagation_split(deadly_rectangle):
 
 
 def test_propagation_reference_chooses_on_validation_and_combines(deadly_rectangle):
-    data = _propagation_split(deadly_rectangle)
-    head = 0.5 * data["mi"]
-    summary, mi_test = mh.propagation_reference(data, data, 9, head, head, dampings=(1.0,), rounds=(1, 2))
+    val = _propagation_split(deadly_rectangle)
+    _, cells, _ = deadly_rectangle
+    test = {**val, "mi": val["mi"].clone()}
+    for i, j in [(0, 3), (1, 2)]:  # test labels without the diagonal: round 1 would fit them, round 2 fits validation
+        test["mi"][0, cells[i], cells[j]] = test["mi"][0, cells[j], cells[i]] = 0
+    head_val, head_test = 0.5 * val["mi"], 0.5 * test["mi"]
+    head_val[1, 0, 40] = head_val[1, 40, 0] = 0.3  # the head errs where the reference does not
+    summary, mi_test = mh.propagation_reference(val, test, 9, head_val, head_test, dampings=(1.0,), rounds=(1, 2))
     assert [(g["damping"], g["rounds"]) for g in summary["grid"]] == [(1.0, 1), (1.0, 2)]
     assert summary["grid"][0]["val_pearson"] < 0.9  # round 1 misses the rectangle's diagonal
+    assert summary["grid"][1]["val_pearson"] == pytest.approx(1.0, abs=1e-4)
     assert summary["rounds"] == 2 and summary["damping"] == 1.0 and summary["top_k"] == mh.PROPAGATION_TOP_K
-    assert summary["test"]["pearson"] == pytest.approx(1.0, abs=1e-4)
-    assert summary["combined"]["pearson"] == pytest.approx(1.0, abs=1e-4) and len(summary["combined"]["weights"]) == 3
+    assert summary["val_pearson"] == summary["grid"][1]["val_pearson"]
+    assert summary["test"]["pearson"] < 0.9  # read once, at the validation choice
+    w_head, w_ref, w_0 = summary["combined"]["weights"]
+    assert w_ref == pytest.approx(1.0, abs=1e-3) and w_head == pytest.approx(0.0, abs=1e-3) and abs(w_0) < 1e-4
+    assert summary["combined"]["val_pearson"] == pytest.approx(1.0, abs=1e-4)
     assert mi_test.shape == (2, 81, 81) and mi_test[1].abs().max() < 1e-4
-    with pytest.raises(KeyError, match="probs"):
-        mh.propagation_reference({k: v for k, v in data.items() if k != "probs"}, data, 9, head, head)
+    with pytest.raises(ValueError, match="probs"):
+        mh.propagation_reference({k: v for k, v in val.items() if k != "probs"}, test, 9, head_val, head_test)
     with pytest.raises(ValueError, match="differ in shape"):
-        mh.propagation_reference(data, data, 9, head[:1], head)
+        mh.propagation_reference(val, test, 9, head_val[:1], head_test)
+    with pytest.raises(ValueError, match="not all finite"):
+        mh.propagation_reference(val, test, 9, head_val, head_test * float("nan"))
 
 
 def test_propagation_cost_times_both_on_the_same_contexts():

@@ -9,8 +9,9 @@ from mimdm.data import sudoku as sd
 from mimdm.probing.sudoku_mi import propagated_mi, propagated_mi_rounds
 
 
-def loop_reference(p_LV, masked_L, rounds, damping, eps=1e-6):
-    """The same update and MI, one scenario (j, v) and one cell k at a time, in float64, over the explicit peers."""
+def loop_reference(p_LV, masked_L, rounds, damping, eps=1e-6, top_k=9):
+    """The same update and MI, one scenario (j, v) and one cell k at a time, in float64, over the explicit peers;
+    each direction conditions on j's ``top_k`` likeliest digits, their weights renormalised."""
     p = np.asarray(p_LV, dtype=float)
     masked = np.asarray(masked_L, dtype=bool)
     graph = sd.constraint_graph()
@@ -19,7 +20,9 @@ def loop_reference(p_LV, masked_L, rounds, damping, eps=1e-6):
     d = np.zeros((81, 81))
     for j in cells:
         cond = []
-        for v in range(9):
+        digits = np.argsort(-p[j], kind="stable")[:top_k]
+        w = p[j][digits] / p[j][digits].sum()
+        for v in digits:
             q = p.copy()
             q[j] = np.eye(9)[v]
             for _ in range(rounds):
@@ -34,9 +37,9 @@ def loop_reference(p_LV, masked_L, rounds, damping, eps=1e-6):
                 q = new
             cond.append(q)
         cond = np.stack(cond)  # [v, 81, 9]
-        mix = np.einsum("v,via->ia", p[j], cond)
+        mix = np.einsum("v,via->ia", w, cond)
         kl = (cond * (np.log(np.maximum(cond, 1e-12)) - np.log(np.maximum(mix, 1e-12)))).sum(-1)  # [v, i]
-        d[:, j] = p[j] @ kl
+        d[:, j] = w @ kl
     d *= masked[:, None] & masked[None, :]
     np.fill_diagonal(d, 0)
     return (d + d.T) / 2
@@ -54,6 +57,10 @@ def test_matches_the_loop_reference_on_random_marginals():
         ref = loop_reference(p[b].numpy(), masked[b].numpy(), rounds=3, damping=0.6)
         assert ref.max() > 0.01
         np.testing.assert_allclose(got[b].double().numpy(), ref, atol=2e-5)
+    top3 = propagated_mi(p, masked, rounds=2, damping=0.8, top_k=3)
+    np.testing.assert_allclose(top3[0].double().numpy(), loop_reference(p[0].numpy(), masked[0].numpy(), 2, 0.8, top_k=3),
+                               atol=2e-5)
+    assert not torch.allclose(top3, propagated_mi(p, masked, rounds=2, damping=0.8), atol=1e-3)
     assert torch.equal(got, got.transpose(1, 2)) and (got >= 0).all()
     assert (got.diagonal(dim1=1, dim2=2) == 0).all() and (got[0][~masked[0]] == 0).all()
 
@@ -113,3 +120,16 @@ def test_bad_input():
         propagated_mi(torch.full((1, 81, 9), float("nan")), masked)
     with pytest.raises(ValueError, match="rounds"):
         propagated_mi_rounds(p, masked, ())
+    with pytest.raises(ValueError, match="rounds"):
+        propagated_mi(p, masked, rounds=2.5)
+    with pytest.raises(ValueError, match="rounds"):
+        propagated_mi_rounds(p, masked, 3)
+    with pytest.raises(ValueError, match="eps"):
+        propagated_mi(p, masked, eps=0)
+    with pytest.raises(ValueError, match="bool"):
+        propagated_mi(p, masked.float())
+    with pytest.raises(ValueError, match="sum to 1"):
+        propagated_mi(-p, masked)
+    with pytest.raises(ValueError, match="sum to 1"):
+        propagated_mi(2 * p, masked)
+    assert (propagated_mi(2 * p, torch.zeros(1, 81, dtype=torch.bool)) == 0).all()  # unmasked rows are not checked

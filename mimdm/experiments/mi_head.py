@@ -340,14 +340,23 @@ def error_by_completions(pred_BLL: torch.Tensor, data: dict, mask_id: int, class
         ``"share_of_squared_error"``, ``"pearson"``, ``"pearson_if_exact"``)``}``.
 
     Raises:
-        ValueError: ``pred_BLL`` and ``data["mi"]`` of different shapes; not Sudoku tokens (length 81, values 0..8 and
-            ``mask_id``); no masked pair at all; a context whose count no range holds; ``limit`` < 1.
+        ValueError: ``pred_BLL`` and ``data["mi"]`` of different shapes, or ``data["tokens"]`` not ``[N, 81]`` for
+            them; non-finite predictions; not Sudoku tokens (values 0..8 and ``mask_id``); no masked pair at all; a
+            context whose count no range holds; ``limit`` < 1, or a range that straddles it (its counts are capped
+            there).
     """
     tokens_BL, mi_BLL = data["tokens"], data["mi"]
     if tuple(pred_BLL.shape) != tuple(mi_BLL.shape):
         raise ValueError(f"pred {tuple(pred_BLL.shape)} and labels {tuple(mi_BLL.shape)} differ in shape")
+    if tuple(tokens_BL.shape) != tuple(mi_BLL.shape[:2]):
+        raise ValueError(f"tokens {tuple(tokens_BL.shape)} do not match labels {tuple(mi_BLL.shape)}")
+    if not torch.isfinite(torch.as_tensor(pred_BLL)).all():
+        raise ValueError("error_by_completions got non-finite predictions")
     if limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
+    for lo, hi in classes:
+        if lo < limit and hi is not None and hi >= limit:
+            raise ValueError(f"completion class {(lo, hi)} straddles limit={limit}: counts stop there")
     masked_BL = tokens_BL == mask_id
     if tokens_BL.shape[-1] != sd.N_CELLS or bool(((tokens_BL < 0) | (tokens_BL > 8))[~masked_BL].any()):
         raise ValueError(f"error_by_completions needs Sudoku tokens: {sd.N_CELLS} cells of values 0..8 or the mask "
@@ -483,14 +492,16 @@ def propagation_reference(val: dict, test: dict, mask_id: int, head_val_BLL: tor
         {"weights": [head, reference, intercept], "val_pearson", "pearson"}}``, and the chosen setting's test MI.
 
     Raises:
-        KeyError: a split without ``probs``. ValueError: as `propagated_mi`; predictions of another shape than the
-            split's labels; an empty grid.
+        ValueError: a split without ``probs``; predictions of another shape than the split's labels, or non-finite;
+            an empty grid, or one where no setting gives a defined validation Pearson; as `propagated_mi`.
     """
     for name, split, pred in (("validation", val, head_val_BLL), ("test", test, head_test_BLL)):
         if "probs" not in split:
-            raise KeyError(f"the {name} split has no marginals 'probs': add them with with_marginals")
+            raise ValueError(f"the {name} split has no marginals 'probs': add them with with_marginals")
         if tuple(pred.shape) != tuple(split["mi"].shape):
             raise ValueError(f"{name} predictions {tuple(pred.shape)} and labels {tuple(split['mi'].shape)} differ in shape")
+        if not torch.isfinite(pred).all():
+            raise ValueError(f"the head's {name} predictions are not all finite")
     if not dampings or not rounds:
         raise ValueError("propagation_reference needs at least one damping and one number of rounds")
     masked_val = val["tokens"] == mask_id
@@ -531,8 +542,21 @@ def _n_pairs(masked_BL: torch.Tensor) -> int:
 def propagation_cost(model: MaskedModel, damping: float, rounds: int, top_k: int | None = PROPAGATION_TOP_K,
                      batch: int = 64, repeats: int = 1) -> dict:
     """Seconds per context of one MDM forward (`mimdm.heads.mi_head.head_inputs`) and of `propagated_mi` on its
-    marginals, on the contexts `head_cost` times (75% masked), one after the other in this call:
-    ``{"mdm_forward_s", "reference_s", "reference_over_forward"}``."""
+    marginals, on the contexts `head_cost` times (75% masked), one after the other in this call.
+
+    Args:
+        model: a Sudoku MDM (81 positions, 9 values).
+        damping, rounds, top_k: the `propagated_mi` settings timed.
+        batch: contexts per call.
+        repeats: timed calls of `propagated_mi` after one warm-up (the forward, which is much faster, is timed over
+            ``max(3, repeats)`` calls; `mimdm.core.timing.seconds_per_call`).
+
+    Returns:
+        ``{"mdm_forward_s", "reference_s", "reference_over_forward"}``.
+
+    Raises:
+        ValueError: as `propagated_mi` (settings, or a model without 81 positions and 9 values).
+    """
     x = _cost_contexts(model, batch)
     inputs = head_inputs(model, x)
     t_fwd = seconds_per_call(lambda: head_inputs(model, x), model.device, max(3, repeats)) / batch

@@ -281,9 +281,10 @@ def propagated_mi(p_BLV: torch.Tensor, masked_BL: torch.Tensor, rounds: int = 5,
     cost, not a feature of the one-pass head.
 
     Args:
-        p_BLV: ``[B, 81, 9]`` marginals p(x_i = v | c) of each cell (rows of unmasked cells are ignored).
+        p_BLV: ``[B, 81, 9]`` marginals p(x_i = v | c) of each cell (rows of unmasked cells are ignored; zeros are
+            floored at 1e-12 and the rows renormalised).
         masked_BL: ``[B, 81]`` bool, the masked cells.
-        rounds: number of updates (≥ 1).
+        rounds: number of updates (an integer ≥ 1).
         damping: λ in (0, 1] (1: undamped).
         top_k: None (all 9 digits) or 1..9: each direction conditions on j's ``top_k`` most likely digits only (its
             marginal truncated there and renormalised).
@@ -294,8 +295,9 @@ def propagated_mi(p_BLV: torch.Tensor, masked_BL: torch.Tensor, rounds: int = 5,
         ``[B, 81, 81]`` float32, symmetric, ≥ 0, zero on the diagonal and at unmasked cells.
 
     Raises:
-        ValueError: shapes other than ``[B, 81, 9]`` and ``[B, 81]``; non-finite marginals; ``rounds`` < 1;
-            ``damping`` outside (0, 1]; ``top_k`` outside 1..9; ``chunk`` < 1.
+        ValueError: shapes other than ``[B, 81, 9]`` and ``[B, 81]``; a mask that is not bool; marginals that are
+            non-finite, negative or whose masked rows do not sum to 1 (within 1e-3); ``rounds`` not an integer ≥ 1;
+            ``damping`` outside (0, 1]; ``top_k`` outside 1..9; ``chunk`` < 1; ``eps`` outside (0, 1).
     """
     return propagated_mi_rounds(p_BLV, masked_BL, (rounds,), damping, top_k, chunk, eps)[rounds]
 
@@ -304,10 +306,15 @@ def propagated_mi_rounds(p_BLV: torch.Tensor, masked_BL: torch.Tensor, rounds, d
                          top_k: int | None = None, chunk: int = 4, eps: float = 1e-6) -> dict[int, torch.Tensor]:
     """`propagated_mi` after each of several numbers of rounds, from one run: ``{r: [B, 81, 81]}`` for each ``r`` in
     ``rounds`` (a non-empty collection of integers ≥ 1). Arguments and errors as `propagated_mi`."""
-    rounds = sorted({int(r) for r in rounds})
+    try:
+        rounds = sorted({r.__index__() for r in rounds})
+    except (TypeError, AttributeError):
+        raise ValueError(f"rounds must be a collection of integers >= 1, got {rounds!r}") from None
     if p_BLV.dim() != 3 or p_BLV.shape[1:] != (sd.N_CELLS, 9) or tuple(masked_BL.shape) != tuple(p_BLV.shape[:2]):
         raise ValueError(f"propagated_mi needs p [B, 81, 9] and masked [B, 81]; got {tuple(p_BLV.shape)} and "
                          f"{tuple(masked_BL.shape)}")
+    if masked_BL.dtype != torch.bool:
+        raise ValueError(f"masked must be a bool tensor, got {masked_BL.dtype}")
     if not rounds or rounds[0] < 1:
         raise ValueError(f"rounds must be integers >= 1, got {rounds}")
     if not 0 < damping <= 1:
@@ -316,11 +323,16 @@ def propagated_mi_rounds(p_BLV: torch.Tensor, masked_BL: torch.Tensor, rounds, d
         raise ValueError(f"top_k must be in 1..9 (or None), got {top_k}")
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
+    if not 0 < eps < 1:
+        raise ValueError(f"eps must be in (0, 1), got {eps}")
     if not torch.isfinite(p_BLV).all():
         raise ValueError("propagated_mi got non-finite marginals")
     B, L, V = p_BLV.shape
     dev = p_BLV.device
-    masked_BL = masked_BL.bool().to(dev)
+    masked_BL = masked_BL.to(dev)
+    rows = p_BLV[masked_BL].double()
+    if (rows < 0).any() or ((rows.sum(-1) - 1).abs() > 1e-3).any():
+        raise ValueError("propagated_mi needs marginals: the rows of masked cells must be >= 0 and sum to 1")
     T = V if top_k is None else top_k
     K = int(masked_BL.sum(1).max()) if B else 0
     out = {r: torch.zeros(B, L, L, device=dev) for r in rounds}
