@@ -11,7 +11,11 @@ forward passes each) and the speedup of forward + head over probing. Contexts: 7
 By default the profile's trained MDM and MI head are used (trained now if missing, as `mimdm train` would);
 ``--random-init`` times the same architectures at random initialisation instead (cost does not depend on the
 weights). ``--what protein`` times the profile's protein MDM architecture (always random init) with its head
-at ``--length`` residues.
+at ``--length`` residues. ``--reference DAMPING ROUNDS`` (Sudoku) also times the training-free propagated-constraint
+reference of chapter 2 (`mimdm.probing.sudoku_mi.propagated_mi` on the forward's marginals, top 4 digits) in the
+same loop and prints its ratio to the forward:
+
+    .venv/bin/python benchmarks/head_cost.py --profile cpu --reference 0.5 7
 """
 from __future__ import annotations
 
@@ -77,7 +81,11 @@ def main(argv=None) -> None:
     ap.add_argument("--probe-contexts", type=int, default=2, help="contexts probed for the probing comparison (0: skip)")
     ap.add_argument("--length", type=int, default=160, help="protein length in residues (--what protein)")
     ap.add_argument("--random-init", action="store_true", help="Sudoku: time the architectures without training")
+    ap.add_argument("--reference", nargs=2, type=float, metavar=("DAMPING", "ROUNDS"),
+                    help="Sudoku: also time propagated_mi at this damping and number of rounds (chapter 2's reference)")
     args = ap.parse_args(argv)
+    if args.reference and (args.what != "sudoku" or args.reference[1] != int(args.reference[1])):
+        ap.error("--reference is for --what sudoku, with a whole number of rounds")
     P = get_profile(args.profile)
     dev = resolve_device(args.device)
     if args.what == "sudoku":
@@ -87,13 +95,25 @@ def main(argv=None) -> None:
     layer = P.head_train.layer if args.what == "sudoku" else P.protein_head_train.layer
     print(f"{args.what} MDM ({sum(p.numel() for p in model.parameters()):,} parameters, {what}); MI head "
           f"{head.n_parameters():,} parameters; layer {layer}")
-    print(f"{'batch':>6s} {'forward s/ctx':>14s} {'head s/ctx':>12s} {'head/forward':>13s}")
+    ref_cols = f" {'reference s/ctx':>16s} {'reference/forward':>18s}" if args.reference else ""
+    print(f"{'batch':>6s} {'forward s/ctx':>14s} {'head s/ctx':>12s} {'head/forward':>13s}{ref_cols}")
     per_ctx = None
     with torch.no_grad():
         for B in args.batch:
             x = contexts(B)
             fwd, hd = forward_and_head_seconds(model, head, x, layer, args.repeats)
-            print(f"{B:6d} {fwd / B:14.3e} {hd / B:12.3e} {hd / fwd:13.3f}")
+            line = f"{B:6d} {fwd / B:14.3e} {hd / B:12.3e} {hd / fwd:13.3f}"
+            if args.reference:
+                from mimdm.core.timing import seconds_per_call
+                from mimdm.heads.mi_head import head_inputs
+                from mimdm.probing.sudoku_mi import propagated_mi
+
+                inputs = head_inputs(model, x, layer)
+                lam, rounds = args.reference[0], int(args.reference[1])
+                ref = seconds_per_call(lambda: propagated_mi(inputs.probs, inputs.masked, rounds, lam, top_k=4), dev,
+                                       max(1, args.repeats // 5))
+                line += f" {ref / B:16.3e} {ref / fwd:18.1f}"
+            print(line)
             per_ctx = (fwd + hd) / B
     if args.probe_contexts > 0:
         from mimdm.probing.exact import probe_mi
