@@ -505,11 +505,12 @@ def propagation_reference(val: dict, test: dict, mask_id: int, head_val_BLL: tor
     if not dampings or not rounds:
         raise ValueError("propagation_reference needs at least one damping and one number of rounds")
     masked_val = val["tokens"] == mask_id
+    t_val = _pairs(val["mi"], masked_val)
     grid, best, best_mi_val = [], None, None
     for lam in dampings:
         by_round = propagated_mi_rounds(val["probs"], masked_val, rounds, damping=lam, top_k=top_k)
         for r, mi in by_round.items():
-            pearson = correlation(_pairs(mi, masked_val), _pairs(val["mi"], masked_val))["pearson"]
+            pearson = correlation(_pairs(mi, masked_val), t_val)["pearson"]
             grid.append({"damping": float(lam), "rounds": r, "val_pearson": pearson})
             if not np.isnan(pearson) and (best is None or pearson > best["val_pearson"]):
                 best, best_mi_val = grid[-1], mi
@@ -520,7 +521,8 @@ def propagation_reference(val: dict, test: dict, mask_id: int, head_val_BLL: tor
 
     def design(head_BLL, ref_BLL, split):
         m = split["tokens"] == mask_id
-        return np.stack([_pairs(head_BLL, m), _pairs(ref_BLL, m), np.ones(int(_n_pairs(m)))], 1), _pairs(split["mi"], m)
+        head_P = _pairs(head_BLL, m)
+        return np.stack([head_P, _pairs(ref_BLL, m), np.ones_like(head_P)], 1), _pairs(split["mi"], m)
 
     x_val, t_val = design(head_val_BLL, best_mi_val, val)
     weights = np.linalg.lstsq(x_val.astype(float), t_val.astype(float), rcond=None)[0]
@@ -530,12 +532,6 @@ def propagation_reference(val: dict, test: dict, mask_id: int, head_val_BLL: tor
                 "pearson": correlation(x_test @ weights, t_test)["pearson"]}
     return ({"grid": grid, "damping": best["damping"], "rounds": best["rounds"], "top_k": top_k,
              "val_pearson": best["val_pearson"], "test": acc, "combined": combined}, mi_test)
-
-
-def _n_pairs(masked_BL: torch.Tensor) -> int:
-    """Number of masked pairs i < j over the contexts of ``masked_BL`` ``[N, L]``."""
-    n = masked_BL.sum(1).long()
-    return int((n * (n - 1) // 2).sum())
 
 
 @torch.no_grad()
