@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from mimdm.core.artifacts import load_checkpoint
 from mimdm.data import sudoku as sd
 from mimdm.data.curriculum import CurriculumConfig, PuzzlePool, curriculum_batch, load_or_build_pool
 from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
@@ -101,6 +102,20 @@ def test_wsd_run_can_be_extended_before_its_decay(tmp_path):
     train_mdm(m, sample, longer, tmp_path / "s.pt", progress=False, stop_after=5, allow_extend=True)
     with pytest.raises(ValueError, match="past the decay start"):
         train_mdm(m, sample, replace(cfg, steps=6), tmp_path / "s.pt", progress=False, allow_extend=True)
+
+
+def test_wsd_run_in_its_decay_cannot_be_lengthened(tmp_path):
+    # decay from step 4 of 8; at step 6 the weights have had decayed learning rates, so a 20-step plan
+    # (decay from 10) would not be the run "planned with 20 steps from the start"
+    cfg = TrainConfig(steps=8, batch_size=4, warmup=2, schedule="wsd", decay_frac=0.5, ckpt_every=2, log_every=2)
+    sample = curriculum_batch(PuzzlePool(*[np.stack(x) for x in zip(*[(p.puzzle, p.solution) for p in
+                                                                         sd.make_puzzles(2, 35, 0)])]), 0.5)
+    m = SudokuMDM(TINY)
+    train_mdm(m, sample, cfg, tmp_path / "s.pt", progress=False, stop_after=6)
+    with pytest.raises(ValueError, match="past the decay start 4 of its 8-step"):
+        train_mdm(m, sample, replace(cfg, steps=20), tmp_path / "s.pt", progress=False, allow_extend=True)
+    train_mdm(m, sample, cfg, tmp_path / "s.pt", progress=False)  # the planned length still resumes
+    assert load_checkpoint(tmp_path / "s.pt")["step"] == 8
 
 
 @pytest.mark.slow

@@ -220,9 +220,10 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
         stop_after: stop (after checkpointing) at this step; a later call continues. Together
             with ``max_seconds`` this simulates an interruption.
         allow_extend: accept a ``"wsd"`` state file whose config differs from ``cfg`` only in
-            ``steps`` (the run was lengthened or shortened), provided its step has not passed
-            ``cfg.decay_start()``: the run so far was at constant LR, so it continues as if it had
-            been planned with ``cfg.steps`` from the start.
+            ``steps`` (the run was lengthened or shortened), provided its step has passed neither
+            ``cfg.decay_start()`` nor the decay start of the stored plan: the run so far was at constant
+            LR, so it continues as if it had been planned with ``cfg.steps`` from the start (a finished
+            or decaying run cannot be lengthened this way).
         penalty: optional ``model -> scalar`` added to the loss (e.g. an L2 penalty on couplings);
             the logged ``loss`` is the cross-entropy alone.
         val_fn: optional ``model -> held-out loss`` (the model is in eval mode during the call),
@@ -236,7 +237,7 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
 
     Raises:
         ValueError: the state file was written with another config (or, with ``allow_extend``, is
-            already past the new decay start).
+            already past the stored or the new decay start).
         RuntimeError: the state file holds a CUDA generator's state (written before the random draws
             moved to the CPU), which cannot be resumed.
     """
@@ -254,9 +255,11 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
             only_steps = {**stored, "steps": cfg.steps} == cfg.to_dict()
             if not (allow_extend and only_steps and cfg.schedule == "wsd"):
                 raise ValueError(f"{state_path} was written with another training config; delete it or use that config")
-            if st["step"] > cfg.decay_start():
-                raise ValueError(f"{state_path} is at step {st['step']}, past the decay start {cfg.decay_start()} "
-                                 f"of a {cfg.steps}-step run; it cannot be re-planned to that length")
+            start = min(cfg.decay_start(), TrainConfig(**stored).decay_start())  # the stored run's own decay, too
+            if st["step"] > start:
+                raise ValueError(f"{state_path} is at step {st['step']}, past the decay start {start} "
+                                 f"of its {stored['steps']}-step or the new {cfg.steps}-step plan; it cannot be "
+                                 "re-planned to that length")
         if st.get("rng_device", st["device_type"]) != "cpu":
             raise RuntimeError(f"{state_path} holds the state of a {st['device_type']} random generator, written before "
                                "training drew its randomness on the CPU; it cannot be resumed: delete it to retrain")

@@ -171,8 +171,8 @@ Measured (2026-12-01, one thread on a 2-core machine whose other core was busy):
 (about 95 examples/s) with a 100 + 100-puzzle evaluation taking about 35 s; the 24,000 steps took
 about 5.9 hours of training (evaluations excluded) over three sessions. The run has finished; its
 `model.pt` is shipped as `checkpoints/cpu/sudoku_mdm` (`scripts/ship_checkpoints.py`), and `state.pt` holds the
-final state, from which a later session can extend the run (raise `steps` in `long_run_configs` and record the
-change under `extended` in `config.json`).
+final state. Its learning rate has decayed, so a longer plan cannot resume from it (`train_mdm` refuses: the
+weights would not be those of the run planned longer from the start).
 """
 
 
