@@ -612,6 +612,58 @@ def test_constraint_feature_head_on_candidates_equals_the_full_matrix_and_needs_
     assert "constraint_feature" not in MIHeadConfig(16).to_dict()  # earlier heads' cache keys hold
 
 
+def test_constraint_hops_enter_the_logit_as_two_hop_products():
+    """With ``constraint_hops`` and every other input silenced, the logit is exactly Σ_k f_ik f_kj / 81 over the masked
+    cells k, f the feature log1p(I^c / 0.01) (or the overlap), computed here by an explicit sum over k."""
+    from mimdm.probing.sudoku_mi import constraint_mi
+
+    head = MIHead(MIHeadConfig(16, d_hidden=8, rank=4, channels=2, pos_dim=0, tri_channels=0, pairs="bilinear",
+                               max_len=81, constraint_feature=True, constraint_hops=True)).eval()
+    assert head.feature_logit.shape == (4,) and head.config.n_features == 4
+    probs, masked = _sudoku_marginals(2, 5)
+    ent = -(probs * probs.log()).sum(-1) * masked
+    pairs = masked[:, :, None] & masked[:, None, :] & ~torch.eye(81, dtype=torch.bool)
+    bound = (ent[:, :, None] + ent[:, None, :]) / 2
+    feats = [torch.log1p(constraint_mi(probs, masked, top_k=4) / 0.01).double(),
+             torch.einsum("biv,bjv->bij", probs, probs).double() * pairs]
+    for k, f in enumerate(feats):
+        want = torch.zeros_like(f)
+        for kk in range(81):  # the two-hop sum, one intermediate cell at a time (f is zero at unmasked cells)
+            want += f[:, :, kk, None] * f[:, None, kk, :]
+        want /= 81
+        with torch.no_grad():
+            head.readout.zero_()
+            head.out_bias.zero_()
+            head.feature_logit.zero_()
+            head.feature_logit[2 + k] = 1.0
+            mi = head(torch.randn(2, 81, 16), masked, ent, probs)
+        got = torch.logit((mi / bound)[pairs].double())
+        assert torch.allclose(got, want[pairs], atol=1e-4), (k, float((got - want[pairs]).abs().max()))
+        assert float(want[pairs].std()) > 4e-3  # not a comparison between constants
+
+
+def test_constraint_hops_head_on_candidates_equals_the_full_matrix():
+    torch.manual_seed(4)
+    head = MIHead(MIHeadConfig(16, d_hidden=8, rank=4, channels=4, pos_dim=8, tri_channels=2, mix_channels=3,
+                               pairs="bilinear", max_len=81, constraint_feature=True, constraint_hops=True)).eval()
+    with torch.no_grad():
+        head.feature_logit.fill_(0.5)
+    probs, masked = _sudoku_marginals(4, 2)
+    h, ent = torch.randn(4, 81, 16), torch.rand(4, 81) * masked
+    cand = masked & (torch.rand(4, 81) < 0.2)
+    keep = cand[:, :, None] & cand[:, None, :]
+    with torch.no_grad():
+        full, sub = head(h, masked, ent, probs), head(h, masked, ent, probs, candidates_BL=cand)
+        head.feature_logit[2:] = 0  # the two-hop channels carry weight: silencing them changes the output
+        plain = head(h, masked, ent, probs)
+    assert (full * keep).abs().sum() > 0
+    assert torch.allclose(sub, full * keep, rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(plain, full)
+    with pytest.raises(ValueError, match="constraint_hops needs constraint_feature"):
+        MIHead(MIHeadConfig(16, max_len=81, pairs="bilinear", constraint_hops=True))
+    assert "constraint_hops" not in MIHeadConfig(16, constraint_feature=True).to_dict()  # earlier heads' keys hold
+
+
 def test_constraint_feature_head_trains_on_labels_with_marginals():
     from mimdm.experiments.mi_head import with_marginals
 

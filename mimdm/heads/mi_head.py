@@ -34,7 +34,10 @@ two-hop product below is a dense [L, L] matrix product per channel):
    (`mimdm.probing.sudoku_mi.constraint_mi_among`: fixing x_j = v excludes v from j's peers and, for i not a peer,
    moves v's mass within each unit of i onto its cells that are not peers of j), and the marginals' overlap
    Σ_v p_i(v) p_j(v) enter the hidden pair layer and the logit. Without them most of the cpu head's squared error
-   sits in pairs that share no unit, whose dependence runs through a digit in this way.
+   sits in pairs that share no unit, whose dependence runs through a digit in this way. With ``constraint_hops``
+   the two features' two-hop products Σ_k f_ik f_kj / 81 over the masked cells k (one [Lm, Lm] matrix product per
+   feature) enter as two more features: dependence of i on j through a third cell k that the constraint model
+   couples to both.
 
 The output is symmetric, non-negative, zero on the diagonal and at unmasked positions by
 construction. Sizes: ``d_hidden`` 224, ``rank`` 64 give ~62K parameters at D=128; the paper
@@ -127,6 +130,9 @@ class MIHeadConfig:
             (``probs_BLV`` of `MIHead.forward`).
         constraint_top_k: the feature's ``top_k`` (each direction conditions on the conditioning cell's
             ``constraint_top_k`` most likely digits; 9: all): fewer terms, a cheaper head pass.
+        constraint_hops: with ``constraint_feature``: also the features' two-hop products Σ_k f^k_im f^k_mj / 81
+            over the masked cells m (4 features instead of 2). On candidates (`MIHead.forward`) the feature is then
+            computed among all masked cells, not the candidates only.
     """
 
     d_in: int
@@ -145,6 +151,7 @@ class MIHeadConfig:
     mix_channels: int = 0
     constraint_feature: bool = False
     constraint_top_k: int = 4
+    constraint_hops: bool = False
 
     def to_dict(self) -> dict:
         """The architecture as a dict (``out_bias``, ``pairs`` and ``channels`` left out at their defaults, so
@@ -158,7 +165,15 @@ class MIHeadConfig:
             del d["mix_channels"]
         if not d["constraint_feature"]:
             del d["constraint_feature"], d["constraint_top_k"]
+        if not d["constraint_hops"]:  # earlier heads' keys
+            del d["constraint_hops"]
         return d
+
+    @property
+    def n_features(self) -> int:
+        """Number of pair features the head reads (0 without ``constraint_feature``; 2, or 4 with
+        ``constraint_hops``)."""
+        return N_CONSTRAINT_FEATURES * (2 if self.constraint_hops else 1) if self.constraint_feature else 0
 
 
 class MIHead(nn.Module):
@@ -180,6 +195,8 @@ class MIHead(nn.Module):
         if c.constraint_feature and (c.pairs != "bilinear" or c.positions != "absolute" or c.max_len != sd.N_CELLS):
             raise ValueError("constraint_feature is for Sudoku: it needs pairs='bilinear', positions='absolute' and "
                              f"max_len={sd.N_CELLS}")
+        if c.constraint_hops and not c.constraint_feature:
+            raise ValueError("constraint_hops needs constraint_feature=True")
         if c.constraint_feature and not 1 <= c.constraint_top_k <= 9:
             raise ValueError(f"constraint_top_k must be in 1..9, got {c.constraint_top_k}")
         if c.pairs == "bilinear":
@@ -224,8 +241,8 @@ class MIHead(nn.Module):
         self.out_bias = nn.Parameter(torch.tensor(float(c.out_bias)))
         if c.constraint_feature:
             if M:
-                self.feature_mix = nn.Parameter(torch.randn(M, N_CONSTRAINT_FEATURES) * 0.3)  # w_mk
-            self.feature_logit = nn.Parameter(torch.zeros(N_CONSTRAINT_FEATURES))  # u_k
+                self.feature_mix = nn.Parameter(torch.randn(M, c.n_features) * 0.3)  # w_mk
+            self.feature_logit = nn.Parameter(torch.zeros(c.n_features))  # u_k
 
     def _forward_bilinear(self, hidden_BLD: Tensor, pairs_BLL: Tensor, entropy_BL: Tensor | None,
                           positions_BL: Tensor | None = None, length: int | None = None,
@@ -305,18 +322,18 @@ class MIHead(nn.Module):
         if self.config.constraint_feature:
             if feature_BLL is None:
                 raise ValueError("this head reads a constraint feature: pass probs_BLV")
-            f = feature_BLL.reshape(B, N_CONSTRAINT_FEATURES, L * L2)
+            f = feature_BLL.reshape(B, self.config.n_features, L * L2)
         # the [M, C] weights applied as batched products with expanded weights: several times faster on the CPU than
         # a broadcast matmul, which transposes [B, C, L·L'] to [B·L·L', C] and back
         M = self.config.mix_channels
         if M:  # hidden pair layer
             pre = torch.baddbmm(self.mix_bias[None, :, None].expand(B, M, 1), self.mix.expand(B, M, C), x)
             if f is not None:
-                pre = torch.baddbmm(pre, self.feature_mix.expand(B, M, N_CONSTRAINT_FEATURES), f)
+                pre = torch.baddbmm(pre, self.feature_mix.expand(B, M, self.config.n_features), f)
             x, C = F.silu(pre), M
         s = torch.bmm(self.readout.expand(B, 1, C), x)  # [B, 1, L·L']
         if f is not None:
-            s = torch.baddbmm(s, self.feature_logit.expand(B, 1, N_CONSTRAINT_FEATURES), f)
+            s = torch.baddbmm(s, self.feature_logit.expand(B, 1, self.config.n_features), f)
         return s.view(B, L, L2) + self.out_bias
 
     def _bounded(self, s: Tensor, pairs_BLL: Tensor, entropy_BL: Tensor | None) -> Tensor:
@@ -348,6 +365,25 @@ class MIHead(nn.Module):
             overlap = (pk @ pk.transpose(1, 2)) * distinct
             return torch.stack([torch.log1p(mi / CONSTRAINT_FEATURE_SCALE), overlap], 1)
 
+    def _with_hops(self, f_BNLL: Tensor | None, rows_BK: Tensor | None = None) -> Tensor | None:
+        """With ``constraint_hops``: the feature ``f_BNLL`` ``[B, 2, Lm, Lm]`` among a grid's masked cells followed by
+        its two-hop products Σ_k f_ik f_kj / 81 over the masked k (``[B, 4, Lm, Lm]``), among the rows ``rows_BK`` only
+        if given (``[B, 4, K, K]``); without: ``f_BNLL`` (among ``rows_BK`` if given)."""
+        if f_BNLL is None:
+            return None
+        B, N, Lm, _ = f_BNLL.shape
+        if rows_BK is not None:
+            K = rows_BK.shape[1]
+            f_rows = f_BNLL.gather(2, rows_BK[:, None, :, None].expand(B, N, K, Lm))  # [B, N, K, Lm]
+            f_kk = f_rows.gather(3, rows_BK[:, None, None, :].expand(B, N, K, K))
+            if not self.config.constraint_hops:
+                return f_kk
+            # f is symmetric: f[:, :, :, rows] is f_rows transposed
+            return torch.cat([f_kk, (f_rows @ f_rows.transpose(-1, -2)) / sd.N_CELLS], 1)
+        if not self.config.constraint_hops:
+            return f_BNLL
+        return torch.cat([f_BNLL, (f_BNLL @ f_BNLL) / sd.N_CELLS], 1)
+
     def _bilinear_masked(self, hidden_BLD: Tensor, masked_BL: Tensor, entropy_BL: Tensor | None,
                          candidates_BL: Tensor | None = None, probs_BLV: Tensor | None = None) -> Tensor:
         """The bilinear head on the masked rows only: every sequence's masked positions are gathered (in order,
@@ -364,7 +400,7 @@ class MIHead(nn.Module):
             candidates_BL = None  # every masked position is a candidate somewhere: the full head
         if Lm == L and candidates_BL is None or B == 0:
             pm = masked_BL[:, :, None] & masked_BL[:, None, :] & ~torch.eye(L, dtype=torch.bool, device=dev)
-            f = self._feature(probs_BLV, masked_BL, torch.arange(L, device=dev).expand(B, L), masked_BL)
+            f = self._with_hops(self._feature(probs_BLV, masked_BL, torch.arange(L, device=dev).expand(B, L), masked_BL))
             return self._forward_bilinear(hidden_BLD, pm, entropy_BL, feature_BLL=f)
         out = hidden_BLD.new_zeros(B, L, L, dtype=torch.float32)
         if Lm < 2 or Kc < 2:
@@ -377,13 +413,18 @@ class MIHead(nn.Module):
         h = hidden_BLD.gather(1, idx[..., None].expand(B, Lm, hidden_BLD.shape[-1]))
         e = None if entropy_BL is None else entropy_BL.to(dev).gather(1, idx)
         if candidates_BL is None:
-            f = self._feature(probs_BLV, masked_BL, idx, sub_m)
+            f = self._with_hops(self._feature(probs_BLV, masked_BL, idx, sub_m))
             sub = self._forward_bilinear(h, pm, e, positions_BL=idx, length=L, feature_BLL=f)  # [B, Lm, Lm]
         else:
             cand = candidates_BL.to(dev).gather(1, idx)  # [B, Lm]
             rows = torch.argsort((~cand).to(torch.int8), dim=1, stable=True)[:, :Kc]  # candidates first
             keep = cand.gather(1, rows)
-            f = self._feature(probs_BLV, masked_BL, idx.gather(1, rows), keep)
+            if self.config.constraint_hops:  # the two-hop products read the feature among every masked cell
+                f = self._with_hops(self._feature(probs_BLV, masked_BL, idx, sub_m), rows)
+                if f is not None:
+                    f = f * (keep[:, None, :, None] & keep[:, None, None, :])
+            else:
+                f = self._feature(probs_BLV, masked_BL, idx.gather(1, rows), keep)
             sub = self._forward_bilinear(h, pm, e, positions_BL=idx, length=L, rows_BK=rows,
                                          feature_BLL=f)  # [B, Kc, Kc]
             sub = sub * (keep[:, :, None] & keep[:, None, :])
