@@ -3,8 +3,9 @@
 
 Trains one of `mimdm.pipelines.long_run.RUNS` (``--run long``: `long_run_configs`; ``--run relation``:
 `relation_run_configs`; ``--run relation24``: the same over 24,000 steps, the shipped `cpu` model;
-``--run deep24``: relation24 with 7 layers) in ``--state-dir`` (default ``checkpoints/<the run's folder>``:
-``sudoku_cpu_long``, ``sudoku_cpu_relation``, ``sudoku_cpu_relation24`` or ``sudoku_cpu_deep24``), checkpointing ``state.pt`` atomically every 500 steps and
+``--run deep24``: relation24 with 7 layers; ``--run deep32``: deep24 continued from its final state in a second
+schedule cycle, `mimdm.pipelines.long_run.CONTINUES`) in ``--state-dir`` (default ``checkpoints/<the run's folder>``:
+``sudoku_cpu_long``, ``sudoku_cpu_relation``, ``sudoku_cpu_relation24``, ``sudoku_cpu_deep24`` or ``sudoku_cpu_deep32``), checkpointing ``state.pt`` atomically every 500 steps and
 appending the solve-rate curve to ``curve.jsonl`` every ``--eval-every`` steps. Run it again with
 the same arguments to continue exactly where it stopped. Example (low priority, one core):
 
@@ -22,7 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mimdm.pipelines.long_run import RUNS, run_long_training  # noqa: E402
+from mimdm.pipelines.long_run import CONTINUES, RUNS, run_long_training  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -54,7 +55,8 @@ def main(argv=None) -> int:
     curve = run_long_training(state_dir, model_cfg, train_cfg, curriculum, hours=args.hours,
                               eval_every=args.eval_every, eval_puzzles=args.eval_puzzles,
                               progress=not args.no_progress, allow_extend=args.steps is not None, run=args.run,
-                              device=args.device)
+                              device=args.device,
+                              init_from=ROOT / "checkpoints" / RUNS[CONTINUES[args.run]][1] if args.run in CONTINUES else None)
     if curve:
         print("last evaluation:", curve[-1])
     return 0

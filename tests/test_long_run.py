@@ -146,6 +146,53 @@ def test_long_run_interrupted_and_resumed_equals_uninterrupted(tmp_path):
         run_long_training(tmp_path / "a", TINY, replace(cfg, lr=2e-3), SMALL_POOL, **kw)
 
 
+def test_second_schedule_cycle_counts_from_cycle_start():
+    cfg = TrainConfig(steps=140, lr=1.0, warmup=10, min_lr_ratio=0.1, schedule="wsd", decay_frac=0.25, cycle_start=100)
+    assert cfg.decay_start() == 130  # 100 + 40 - 10
+    assert _lr_at(100, cfg) == pytest.approx(0.1) and _lr_at(109, cfg) == pytest.approx(1.0)
+    assert all(_lr_at(st, cfg) == 1.0 for st in range(110, 131))
+    assert _lr_at(135, cfg) == pytest.approx(0.55) and _lr_at(140, cfg) == pytest.approx(0.1)
+    assert "cycle_start" not in replace(cfg, cycle_start=0).to_dict() and cfg.to_dict()["cycle_start"] == 100
+    with pytest.raises(ValueError, match="cycle_start must be in"):
+        TrainConfig(steps=10, cycle_start=10)
+
+
+@pytest.mark.slow
+def test_continuation_starts_from_the_finished_run_and_resumes_exactly(tmp_path):
+    first = TrainConfig(steps=4, batch_size=8, lr=1e-3, warmup=2, schedule="wsd", decay_frac=0.5, seed=5,
+                        ckpt_every=2, log_every=1)
+    second = replace(first, steps=8, cycle_start=4, lr=2e-3, warmup=2)
+    kw = dict(eval_every=2, eval_puzzles=2, progress=False)
+    with pytest.raises(ValueError, match="continues a run's state at that step"):
+        train_mdm(SudokuMDM(TINY), lambda rng, b: torch.zeros(b, 81, dtype=torch.long), second,
+                  tmp_path / "none.pt", progress=False)
+    parent = run_long_training(tmp_path / "p", TINY, first, SMALL_POOL, **kw)
+    with pytest.raises(ValueError, match="another batch_size"):
+        run_long_training(tmp_path / "x", TINY, replace(second, batch_size=4), SMALL_POOL, init_from=tmp_path / "p", **kw)
+    with pytest.raises(ValueError, match="not at cycle_start=3"):
+        run_long_training(tmp_path / "y", TINY, replace(second, cycle_start=3), SMALL_POOL, init_from=tmp_path / "p", **kw)
+    full = run_long_training(tmp_path / "a", TINY, second, SMALL_POOL, init_from=tmp_path / "p", **kw)
+    part = run_long_training(tmp_path / "b", TINY, second, SMALL_POOL, init_from=tmp_path / "p", stop_after=6, **kw)
+    resumed = run_long_training(tmp_path / "b", TINY, second, SMALL_POOL, init_from=tmp_path / "p", **kw)
+    assert [c["step"] for c in part] == [4, 6] and [c["step"] for c in full] == [4, 6, 8]
+    # the first row re-evaluates the parent's final state; its loss is not the parent's
+    assert {k: full[0][k] for k in ("solve_30_35", "solve_hard")} == {k: parent[-1][k] for k in ("solve_30_35", "solve_hard")}
+    assert full[0]["loss"] is None and full[1]["loss"] is not None
+    strip = lambda curve: [{k: v for k, v in c.items() if k != "seconds"} for c in curve]  # noqa: E731
+    assert strip(full) == strip(resumed)
+    sp, sa, sb = (torch.load(tmp_path / d / "state.pt", weights_only=True) for d in ("p", "a", "b"))
+    log = json.loads(sa["log"])
+    assert [e["step"] for e in log] == list(range(1, 9))  # the parent's log goes on
+    # the first cycle's last step (decayed from 1e-3), then the second's warmup to its peak 2e-3
+    assert [e["lr"] for e in log[3:6]] == pytest.approx([5.5e-4, 1e-3, 2e-3])
+    for k in sa["model"]:
+        assert torch.equal(sa["model"][k], sb["model"][k]), k
+        assert not torch.equal(sa["model"][k], sp["model"][k]) or k.endswith("relation_bias"), k
+    conf = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert conf["continues"]["folder"] == "p" and conf["continues"]["step"] == 4
+    assert conf["train"]["cycle_start"] == 4 and (tmp_path / "a" / "model.pt").exists()
+
+
 def test_adopted_long_run_is_the_zoo_model_of_its_configuration(tmp_path):
     """A finished long run, adopted into the cache, is what the zoo loads for its configuration, and training that
     configuration from scratch with the zoo (what `make book RETRAIN=1` does) gives the same weights."""
@@ -222,3 +269,16 @@ def test_batch256_is_relation24_with_four_times_the_batch():
     (mb, tb, cb), (m, t, c) = batch256_run_configs(), relation24_run_configs()
     assert (mb, replace(tb, batch_size=t.batch_size), cb) == (m, t, c) and (tb.batch_size, t.batch_size) == (256, 64)
     assert RUNS["batch256"] == (batch256_run_configs, "sudoku_cpu_batch256")
+
+
+def test_deep32_continues_deep24_in_a_second_cycle():
+    from dataclasses import replace
+
+    from mimdm.pipelines.long_run import CONTINUES, RUNS, deep24_run_configs, deep32_run_configs
+
+    (m32, t32, c32), (m24, t24, c24) = deep32_run_configs(), deep24_run_configs()
+    assert (m32, c32) == (m24, c24) and CONTINUES["deep32"] == "deep24"
+    assert replace(t32, steps=t24.steps, cycle_start=0, lr=t24.lr, warmup=t24.warmup, decay_frac=t24.decay_frac) == t24
+    assert (t32.cycle_start, t32.steps, t32.decay_start()) == (24_000, 32_000, 30_000)
+    assert _lr_at(24_000, t32) == pytest.approx(5e-4 / 200) and _lr_at(25_000, t32) == 5e-4
+    assert RUNS["deep32"] == (deep32_run_configs, "sudoku_cpu_deep32")

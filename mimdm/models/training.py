@@ -22,6 +22,9 @@ Learning-rate schedules (``TrainConfig.schedule``): ``"cosine"`` (linear warmup,
 ``min_lr_ratio`` over the rest of the run) and ``"wsd"`` (warmup-stable-decay: linear warmup,
 constant, then a cosine decay to ``min_lr_ratio`` over the last ``decay_frac`` of the steps), which
 suits a run whose length may be extended: checkpoints before the decay are all at the same LR.
+``cycle_start`` > 0 makes the schedule a second cycle over steps ``cycle_start .. steps`` (warmup and
+decay counted from there) that continues a finished run's state (`mimdm.pipelines.long_run`): re-warming
+after a decay, as in continued pre-training (e.g. Gupta et al. 2023, arXiv 2308.04014).
 """
 from __future__ import annotations
 
@@ -59,6 +62,7 @@ class TrainConfig:
     log_every: int = 50
     schedule: str = "cosine"  # "cosine" | "wsd"
     decay_frac: float = 0.2  # wsd only: the last fraction of the steps decays
+    cycle_start: int = 0  # the schedule's first step: > 0 continues a run finished at this step
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "ckpt_every", "log_every"):
@@ -70,20 +74,25 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.schedule must be 'cosine' or 'wsd', got {self.schedule!r}")
         if not 0 < self.decay_frac <= 1:
             raise ValueError(f"TrainConfig.decay_frac must be in (0, 1], got {self.decay_frac}")
+        if not 0 <= self.cycle_start < self.steps:
+            raise ValueError(f"TrainConfig.cycle_start must be in [0, steps={self.steps}), got {self.cycle_start}")
 
     def to_dict(self) -> dict:
         """The settings as a dict; ``schedule``/``decay_frac`` are left out under the default cosine
-        schedule, so cache keys and state files of earlier runs stay valid."""
+        schedule, and ``cycle_start`` at 0, so cache keys and state files of earlier runs stay valid."""
         d = asdict(self)
         if self.schedule == "cosine":
             del d["schedule"], d["decay_frac"]
+        if not self.cycle_start:
+            del d["cycle_start"]
         return d
 
     def decay_start(self) -> int:
-        """First step of the final decay (``wsd``); ``warmup`` under ``cosine``."""
+        """First step of the final decay (``wsd``); the end of the warmup under ``cosine``."""
+        n = self.steps - self.cycle_start
         if self.schedule == "wsd":
-            return max(self.warmup, self.steps - int(round(self.decay_frac * self.steps)))
-        return self.warmup
+            return self.cycle_start + max(self.warmup, n - int(round(self.decay_frac * n)))
+        return self.cycle_start + self.warmup
 
 
 #: Bump when the objective or the optimiser set-up changes, so cached models are not reused.
@@ -172,16 +181,16 @@ def mdm_loss(model: MaskedModel, values_BL: Tensor, generator: torch.Generator, 
 
 
 def _lr_at(step: int, cfg: TrainConfig) -> float:
-    """Learning rate of step ``step`` (0-based) under ``cfg.schedule``."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
+    """Learning rate of step ``step`` (0-based) under ``cfg.schedule`` (its cycle from ``cfg.cycle_start``)."""
+    if step < cfg.cycle_start + cfg.warmup:
+        return cfg.lr * (step - cfg.cycle_start + 1) / cfg.warmup
     if cfg.schedule == "wsd":
         start = cfg.decay_start()
         if step < start:
             return cfg.lr
         frac = (step - start) / max(1, cfg.steps - start)
         return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
-    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    frac = (step - cfg.decay_start()) / max(1, cfg.steps - cfg.decay_start())
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
@@ -237,7 +246,8 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
 
     Raises:
         ValueError: the state file was written with another config (or, with ``allow_extend``, is
-            already past the stored or the new decay start).
+            already past the stored or the new decay start); ``cfg.cycle_start`` > 0 and no state file at
+            (or after) that step.
         RuntimeError: the state file holds a CUDA generator's state (written before the random draws
             moved to the CPU), which cannot be resumed.
     """
@@ -273,6 +283,11 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
         segments = state_segments(st)
         if "best_val" in st:
             best = {"val": st["best_val"], "step": st["best_step"], "model": st["best_model"], "bad": st["best_bad"]}
+    if step < cfg.cycle_start:
+        raise ValueError(f"a schedule cycle from step {cfg.cycle_start} continues a run's state at that step; "
+                         f"{state_path} is at step {step}" if state_path.exists() else
+                         f"a schedule cycle from step {cfg.cycle_start} continues a run's state at that step; "
+                         f"{state_path} does not exist")
 
     def save():
         atomic_save({

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mimdm.core.artifacts import REPO_ROOT, atomic_save, git_commit, load_checkpoint
+from mimdm.core.artifacts import REPO_ROOT, atomic_save, file_sha256, git_commit, load_checkpoint
 from mimdm.data import sudoku as sd
 from mimdm.data.curriculum import CurriculumConfig, curriculum_batch, load_or_build_pool
 from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
@@ -98,11 +98,24 @@ def batch256_run_configs() -> tuple[SudokuMDMConfig, TrainConfig, CurriculumConf
     return model, replace(train, batch_size=256), curriculum
 
 
+def deep32_run_configs() -> tuple[SudokuMDMConfig, TrainConfig, CurriculumConfig]:
+    """`deep24_run_configs` continued for 8,000 more steps (to 32,000; 2.05M examples) in a second warmup-stable-decay
+    cycle from deep24's final state (weights, AdamW moments, RNG and data position: `run_long_training`'s
+    ``init_from``): 200 warmup steps to a peak of 5e-4 (a third of the first cycle's, whose decay ended at 1.5e-4),
+    the last 25% of the cycle (2,000 steps) a cosine decay to 0.1x. Same model, batch, seed and curriculum, so the
+    curve goes on from deep24's on the same axes: what more training of the 7-layer model adds."""
+    model, train, curriculum = deep24_run_configs()
+    return model, replace(train, steps=32_000, cycle_start=24_000, lr=5e-4, warmup=200, decay_frac=0.25), curriculum
+
+
 #: The runs `scripts/train_sudoku_long.py` knows: name -> (configs, default folder under ``checkpoints/``).
 RUNS = {"long": (long_run_configs, "sudoku_cpu_long"), "relation": (relation_run_configs, "sudoku_cpu_relation"),
         "relation24": (relation24_run_configs, "sudoku_cpu_relation24"),
         "deep24": (deep24_run_configs, "sudoku_cpu_deep24"),
-        "batch256": (batch256_run_configs, "sudoku_cpu_batch256")}
+        "batch256": (batch256_run_configs, "sudoku_cpu_batch256"),
+        "deep32": (deep32_run_configs, "sudoku_cpu_deep32")}
+#: Runs that continue another run's final state (a second schedule cycle): name -> the run they continue.
+CONTINUES = {"deep32": "deep24"}
 
 
 def read_curve(path: Path) -> list[dict]:
@@ -179,7 +192,8 @@ weights would not be those of the run planned longer from the start).
 def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: TrainConfig,
                       curriculum: CurriculumConfig, hours: float | None = None, eval_every: int = 1000,
                       eval_puzzles: int = 100, progress: bool = True, stop_after: int | None = None,
-                      allow_extend: bool = False, run: str = "long", device: str | torch.device = "cpu") -> list[dict]:
+                      allow_extend: bool = False, run: str = "long", device: str | torch.device = "cpu",
+                      init_from: Path | None = None) -> list[dict]:
     """Train (or continue) the long run in ``state_dir`` and record its solve-rate curve.
 
     Args:
@@ -198,13 +212,20 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
         device: where this call trains and evaluates (fp32 on any device); a run may move between
             CPU and GPU across calls (`mimdm.models.training.train_mdm`), and ``model.pt`` records
             the devices of its segments.
+        init_from: the folder of a finished run this one continues (``train_cfg.cycle_start`` > 0: a second
+            schedule cycle, e.g. `deep32_run_configs`). When ``state_dir`` has no state yet, that run's ``state.pt``
+            (at step ``cycle_start``) is copied in with this run's training config, so the run starts from its
+            weights, optimiser moments, RNG and data position; ``config.json`` records the source (``continues``:
+            folder, step and the state's sha256). The curve's first row re-evaluates that state.
 
     Returns:
         The curve (all of ``curve.jsonl``).
 
     Raises:
         ValueError: ``eval_every``/``eval_puzzles`` < 1, or ``config.json``/the state file belong
-            to another configuration.
+            to another configuration; with ``init_from``, a source run of another model, curriculum, data,
+            objective or batch size, or whose state is not at step ``cycle_start``.
+        FileNotFoundError: ``init_from`` has no ``state.pt`` or ``config.json``.
     """
     if eval_every < 1 or eval_puzzles < 1:
         raise ValueError(f"eval_every and eval_puzzles must be >= 1, got {eval_every}, {eval_puzzles}")
@@ -218,6 +239,13 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
                      "decoding": "sequential, confidence order"},
             "data": sd.GENERATOR_ID, "objective": OBJECTIVE_VERSION}
     cfg_path = state_dir / "config.json"
+    src = None
+    if init_from is not None and state_path.exists():  # resuming: the source was checked when the run began
+        spec["continues"] = json.loads(cfg_path.read_text()).get("continues") if cfg_path.exists() else None
+    elif init_from is not None:
+        src = _continuation_source(Path(init_from), spec, train_cfg)
+        spec["continues"] = {"folder": Path(init_from).name, "step": train_cfg.cycle_start,
+                             "state_sha256": file_sha256(src)}
     if cfg_path.exists():
         old = json.loads(cfg_path.read_text())
         mine = {k: old.get(k) for k in spec}
@@ -236,6 +264,10 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
         (state_dir / "README.md").write_text(_README.format(eval_every=eval_every, n=eval_puzzles, run=run)
                                              + (_LONG_NOTE if run == "long" else ""))
 
+    if src is not None:
+        st = load_checkpoint(src)
+        st["train_config"] = json.dumps(train_cfg.to_dict())  # the same state, trained on under this run's schedule
+        atomic_save(st, state_path)
     pool = load_or_build_pool(curriculum, state_dir / "puzzle_pool.npz", progress)
     sample = curriculum_batch(pool, curriculum.fraction)
     eval_sets = [(k, sd.make_puzzles(eval_puzzles, c, np.random.default_rng(s))) for k, c, s in EVAL_SETS]
@@ -255,7 +287,7 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
         if step == 0 or step in done:
             return
         prev = max([s for s in done if s < step], default=0)
-        window = [e["loss"] for e in log if prev < e["step"] <= step]
+        window = [e["loss"] for e in log if max(prev, train_cfg.cycle_start) < e["step"] <= step]
         row = {"step": step, "examples_seen": step * train_cfg.batch_size}
         with torch.random.fork_rng(devices=[]):
             model.eval()
@@ -304,6 +336,27 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
     return curve
 
 
+def _continuation_source(init_from: Path, spec: dict, train_cfg: TrainConfig) -> Path:
+    """The ``state.pt`` of the finished run ``init_from`` that a run of ``spec`` continues, after checking that the
+    two runs share model, curriculum, data, objective and batch size and that the state is at ``cycle_start``."""
+    src, cfg_path = init_from / "state.pt", init_from / "config.json"
+    for f in (src, cfg_path):
+        if not f.is_file():
+            raise FileNotFoundError(f"{f} not found: the run to continue must have a state and a config")
+    if not train_cfg.cycle_start:
+        raise ValueError("init_from continues a finished run: train_cfg.cycle_start must be its last step (> 0)")
+    parent = json.loads(cfg_path.read_text())
+    differ = [k for k in ("model", "curriculum", "data", "objective") if parent.get(k) != spec[k]]
+    if parent["train"]["batch_size"] != train_cfg.batch_size:
+        differ.append("batch_size")
+    if differ:
+        raise ValueError(f"{init_from} is a run of another {', '.join(differ)}; a continuation keeps them")
+    step = int(load_checkpoint(src)["step"])
+    if step != train_cfg.cycle_start:
+        raise ValueError(f"{src} is at step {step}, not at cycle_start={train_cfg.cycle_start}")
+    return src
+
+
 def adopt(state_dir: Path, n_eval: int, root: Path | None = None) -> Path:
     """Put the completed long run's model into the artifact cache as the Sudoku MDM of its configuration.
 
@@ -340,5 +393,5 @@ def adopt(state_dir: Path, n_eval: int, root: Path | None = None) -> Path:
     return d / "model.pt"
 
 
-__all__ = ["EVAL_SETS", "RUNS", "adopt", "batch256_run_configs", "deep24_run_configs", "long_run_configs", "relation24_run_configs",
+__all__ = ["CONTINUES", "EVAL_SETS", "RUNS", "adopt", "batch256_run_configs", "deep24_run_configs", "deep32_run_configs", "long_run_configs", "relation24_run_configs",
            "relation_run_configs", "read_curve", "run_curves", "run_long_training", "solve_rate_on"]
