@@ -10,10 +10,12 @@ appending the solve-rate curve to ``curve.jsonl`` every ``--eval-every`` steps. 
 the same arguments to continue exactly where it stopped. Example (low priority, one core):
 
     nice -n 19 .venv/bin/python scripts/train_sudoku_long.py --run relation24 --threads 1 --hours 2.5
+    .venv/bin/python scripts/train_sudoku_long.py --run deep24 --threads 2 --zoo-eval 1000   # evaluate, no training
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mimdm.pipelines.long_run import CONTINUES, RUNS, run_long_training  # noqa: E402
+from mimdm.pipelines.long_run import CONTINUES, RUNS, run_long_training, state_solve_rate  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -41,7 +43,12 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", help="torch device of this call, e.g. cuda (default cpu); a run may "
                     "move between CPU and GPU across calls")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--zoo-eval", type=int, default=None, metavar="N",
+                    help="do not train: print the zoo's solve rate of the run's current state on N 30-35-clue puzzles "
+                    "(mimdm.pipelines.long_run.state_solve_rate) as JSON")
     args = ap.parse_args(argv)
+    if args.zoo_eval is not None and args.zoo_eval < 1:
+        ap.error("--zoo-eval must be >= 1")
     if args.threads < 1:
         ap.error("--threads must be >= 1")
     if args.hours is not None and args.hours <= 0:
@@ -50,6 +57,13 @@ def main(argv=None) -> int:
     configs, folder = RUNS[args.run]
     model_cfg, train_cfg, curriculum = configs()
     state_dir = args.state_dir or ROOT / "checkpoints" / folder
+    if args.zoo_eval is not None:
+        try:
+            print(json.dumps(state_solve_rate(state_dir, args.zoo_eval, args.device)))
+        except FileNotFoundError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
     if args.steps is not None:
         train_cfg = replace(train_cfg, steps=args.steps)
     curve = run_long_training(state_dir, model_cfg, train_cfg, curriculum, hours=args.hours,

@@ -282,3 +282,33 @@ def test_deep32_continues_deep24_in_a_second_cycle():
     assert (t32.cycle_start, t32.steps, t32.decay_start()) == (24_000, 32_000, 30_000)
     assert _lr_at(24_000, t32) == pytest.approx(5e-4 / 200) and _lr_at(25_000, t32) == 5e-4
     assert RUNS["deep32"] == (deep32_run_configs, "sudoku_cpu_deep32")
+
+
+def test_state_solve_rate_is_the_zoo_evaluation_of_the_current_state(tmp_path):
+    from mimdm.pipelines.long_run import state_solve_rate
+    from mimdm.pipelines.zoo import solve_rate
+
+    torch.manual_seed(0)
+    m = SudokuMDM(TINY).eval()
+    (tmp_path / "config.json").write_text(json.dumps({"model": TINY.to_dict()}))
+    torch.save({"model": m.state_dict(), "step": 7}, tmp_path / "state.pt")
+    got = state_solve_rate(tmp_path, 3)
+    want = solve_rate(m, 3)
+    assert got["step"] == 7 and got["n_puzzles"] == 3 and got["solve_rate"] == want["solve_rate"]
+    assert got["n_solved"] == round(3 * want["solve_rate"]) and got["nfe_mean"] == want["nfe_mean"]
+    with pytest.raises(FileNotFoundError, match="not a long run's folder"):
+        state_solve_rate(tmp_path / "missing", 3)
+
+
+def test_zoo_eval_of_a_folder_without_state_exits_2(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("tsl", Path(__file__).parent.parent / "scripts" / "train_sudoku_long.py")
+    tsl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tsl)
+    assert tsl.main(["--run", "deep24", "--state-dir", str(tmp_path), "--zoo-eval", "5"]) == 2
+    assert "not a long run's folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        tsl.main(["--zoo-eval", "0"])
+    assert e.value.code == 2

@@ -336,6 +336,31 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
     return curve
 
 
+def state_solve_rate(state_dir: Path, n_puzzles: int, device: str | torch.device = "cpu") -> dict:
+    """The zoo's evaluation (`mimdm.pipelines.zoo.solve_rate`: ``n_puzzles`` unique 30-35-clue puzzles of the zoo's
+    seed, sequential confidence-ordered decoding) of a run's current ``state.pt``, finished or not, without touching
+    it: what `adopt` would record, at any size (the `cpu` profile's is 200 puzzles).
+
+    Returns:
+        `mimdm.pipelines.zoo.solve_rate`'s dict with ``"step"`` (the state's step) and ``"n_solved"`` added.
+
+    Raises:
+        FileNotFoundError: the folder has no ``state.pt`` or ``config.json``.
+    """
+    state_dir = Path(state_dir)
+    for f in ("state.pt", "config.json"):
+        if not (state_dir / f).is_file():
+            raise FileNotFoundError(f"{state_dir / f} not found: not a long run's folder")
+    cfg = json.loads((state_dir / "config.json").read_text())
+    st = load_checkpoint(state_dir / "state.pt")
+    model = SudokuMDM(SudokuMDMConfig(**cfg["model"]))
+    model.load_state_dict(st["model"])
+    model = model.to(device).eval()
+    with torch.random.fork_rng(devices=[]):
+        ev = solve_rate(model, n_puzzles)
+    return {"step": int(st["step"]), "n_solved": int(round(ev["solve_rate"] * n_puzzles)), **ev}
+
+
 def _continuation_source(init_from: Path, spec: dict, train_cfg: TrainConfig) -> Path:
     """The ``state.pt`` of the finished run ``init_from`` that a run of ``spec`` continues, after checking that the
     two runs share model, curriculum, data, objective and batch size and that the state is at ``cycle_start``."""
@@ -394,4 +419,4 @@ def adopt(state_dir: Path, n_eval: int, root: Path | None = None) -> Path:
 
 
 __all__ = ["CONTINUES", "EVAL_SETS", "RUNS", "adopt", "batch256_run_configs", "deep24_run_configs", "deep32_run_configs", "long_run_configs", "relation24_run_configs",
-           "relation_run_configs", "read_curve", "run_curves", "run_long_training", "solve_rate_on"]
+           "relation_run_configs", "read_curve", "run_curves", "run_long_training", "solve_rate_on", "state_solve_rate"]
