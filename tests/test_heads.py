@@ -612,14 +612,15 @@ def test_constraint_feature_head_on_candidates_equals_the_full_matrix_and_needs_
     assert "constraint_feature" not in MIHeadConfig(16).to_dict()  # earlier heads' cache keys hold
 
 
-def test_constraint_hops_enter_the_logit_as_two_hop_products():
-    """With ``constraint_hops`` and every other input silenced, the logit is exactly Σ_k f_ik f_kj / 81 over the masked
-    cells k, f the feature log1p(I^c / 0.01) (or the overlap), computed here by an explicit sum over k."""
+def test_constraint_hops_enter_the_logit_as_path_sums():
+    """With ``constraint_hops`` = 2 and every other input silenced, the logit is exactly a path sum of the feature f
+    (log1p(I^c / 0.01), or the overlap) over the masked cells: Σ_k f_ik f_kj / 81 (two hops) or
+    Σ_k,l f_ik f_kl f_lj / 81² (three), computed here by explicit sums over the intermediate cells."""
     from mimdm.probing.sudoku_mi import constraint_mi
 
     head = MIHead(MIHeadConfig(16, d_hidden=8, rank=4, channels=2, pos_dim=0, tri_channels=0, pairs="bilinear",
-                               max_len=81, constraint_feature=True, constraint_hops=True)).eval()
-    assert head.feature_logit.shape == (4,) and head.config.n_features == 4
+                               max_len=81, constraint_feature=True, constraint_hops=2)).eval()
+    assert head.feature_logit.shape == (6,) and head.config.n_features == 6
     probs, masked = _sudoku_marginals(2, 5)
     ent = -(probs * probs.log()).sum(-1) * masked
     pairs = masked[:, :, None] & masked[:, None, :] & ~torch.eye(81, dtype=torch.bool)
@@ -627,25 +628,27 @@ def test_constraint_hops_enter_the_logit_as_two_hop_products():
     feats = [torch.log1p(constraint_mi(probs, masked, top_k=4) / 0.01).double(),
              torch.einsum("biv,bjv->bij", probs, probs).double() * pairs]
     for k, f in enumerate(feats):
-        want = torch.zeros_like(f)
-        for kk in range(81):  # the two-hop sum, one intermediate cell at a time (f is zero at unmasked cells)
-            want += f[:, :, kk, None] * f[:, None, kk, :]
-        want /= 81
-        with torch.no_grad():
-            head.readout.zero_()
-            head.out_bias.zero_()
-            head.feature_logit.zero_()
-            head.feature_logit[2 + k] = 1.0
-            mi = head(torch.randn(2, 81, 16), masked, ent, probs)
-        got = torch.logit((mi / bound)[pairs].double())
-        assert torch.allclose(got, want[pairs], atol=1e-4), (k, float((got - want[pairs]).abs().max()))
-        assert float(want[pairs].std()) > 4e-3  # not a comparison between constants
+        two, three = torch.zeros_like(f), torch.zeros_like(f)
+        for kk in range(81):  # one intermediate cell at a time (f is zero at unmasked cells)
+            two += f[:, :, kk, None] * f[:, None, kk, :] / 81
+        for kk in range(81):
+            three += two[:, :, kk, None] * f[:, None, kk, :] / 81
+        for channel, want in ((2 + k, two), (4 + k, three)):
+            with torch.no_grad():
+                head.readout.zero_()
+                head.out_bias.zero_()
+                head.feature_logit.zero_()
+                head.feature_logit[channel] = 1.0
+                mi = head(torch.randn(2, 81, 16), masked, ent, probs)
+            got = torch.logit((mi / bound)[pairs].double())
+            assert torch.allclose(got, want[pairs], rtol=1e-4, atol=2e-6), (channel, float((got - want[pairs]).abs().max()))
+            assert float(want[pairs].std()) > 1e-4  # not a comparison between constants (50x the tolerance)
 
 
 def test_constraint_hops_head_on_candidates_equals_the_full_matrix():
     torch.manual_seed(4)
     head = MIHead(MIHeadConfig(16, d_hidden=8, rank=4, channels=4, pos_dim=8, tri_channels=2, mix_channels=3,
-                               pairs="bilinear", max_len=81, constraint_feature=True, constraint_hops=True)).eval()
+                               pairs="bilinear", max_len=81, constraint_feature=True, constraint_hops=2)).eval()
     with torch.no_grad():
         head.feature_logit.fill_(0.5)
     probs, masked = _sudoku_marginals(4, 2)
@@ -659,8 +662,8 @@ def test_constraint_hops_head_on_candidates_equals_the_full_matrix():
     assert (full * keep).abs().sum() > 0
     assert torch.allclose(sub, full * keep, rtol=1e-5, atol=1e-7)
     assert not torch.allclose(plain, full)
-    with pytest.raises(ValueError, match="constraint_hops needs constraint_feature"):
-        MIHead(MIHeadConfig(16, max_len=81, pairs="bilinear", constraint_hops=True))
+    with pytest.raises(ValueError, match="needs constraint_feature=True"):
+        MIHead(MIHeadConfig(16, max_len=81, pairs="bilinear", constraint_hops=1))
     assert "constraint_hops" not in MIHeadConfig(16, constraint_feature=True).to_dict()  # earlier heads' keys hold
 
 

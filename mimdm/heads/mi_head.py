@@ -34,10 +34,10 @@ two-hop product below is a dense [L, L] matrix product per channel):
    (`mimdm.probing.sudoku_mi.constraint_mi_among`: fixing x_j = v excludes v from j's peers and, for i not a peer,
    moves v's mass within each unit of i onto its cells that are not peers of j), and the marginals' overlap
    Σ_v p_i(v) p_j(v) enter the hidden pair layer and the logit. Without them most of the cpu head's squared error
-   sits in pairs that share no unit, whose dependence runs through a digit in this way. With ``constraint_hops``
-   the two features' two-hop products Σ_k f_ik f_kj / 81 over the masked cells k (one [Lm, Lm] matrix product per
-   feature) enter as two more features: dependence of i on j through a third cell k that the constraint model
-   couples to both.
+   sits in pairs that share no unit, whose dependence runs through a digit in this way. With ``constraint_hops`` = n
+   the two features' path sums over 2 .. n+1 hops through masked cells (f^(2)_ij = Σ_k f_ik f_kj / 81, f^(3) =
+   f^(2) f / 81, ...: one [Lm, Lm] matrix product per feature and hop) enter as more features: dependence of i on j
+   along chains of cells that the constraint model couples, which the propagated reference (chapter 2) follows.
 
 The output is symmetric, non-negative, zero on the diagonal and at unmasked positions by
 construction. Sizes: ``d_hidden`` 224, ``rank`` 64 give ~62K parameters at D=128; the paper
@@ -130,9 +130,10 @@ class MIHeadConfig:
             (``probs_BLV`` of `MIHead.forward`).
         constraint_top_k: the feature's ``top_k`` (each direction conditions on the conditioning cell's
             ``constraint_top_k`` most likely digits; 9: all): fewer terms, a cheaper head pass.
-        constraint_hops: with ``constraint_feature``: also the features' two-hop products Σ_k f^k_im f^k_mj / 81
-            over the masked cells m (4 features instead of 2). On candidates (`MIHead.forward`) the feature is then
-            computed among all masked cells, not the candidates only.
+        constraint_hops: with ``constraint_feature``: also the features' path sums over 2 .. ``constraint_hops`` + 1
+            hops through the masked cells (f^(h+1) = f^(h) f / 81; 2 · (1 + ``constraint_hops``) features). On
+            candidates (`MIHead.forward`) the feature is then computed among all masked cells, not the candidates
+            only.
     """
 
     d_in: int
@@ -151,7 +152,7 @@ class MIHeadConfig:
     mix_channels: int = 0
     constraint_feature: bool = False
     constraint_top_k: int = 4
-    constraint_hops: bool = False
+    constraint_hops: int = 0
 
     def to_dict(self) -> dict:
         """The architecture as a dict (``out_bias``, ``pairs`` and ``channels`` left out at their defaults, so
@@ -171,9 +172,8 @@ class MIHeadConfig:
 
     @property
     def n_features(self) -> int:
-        """Number of pair features the head reads (0 without ``constraint_feature``; 2, or 4 with
-        ``constraint_hops``)."""
-        return N_CONSTRAINT_FEATURES * (2 if self.constraint_hops else 1) if self.constraint_feature else 0
+        """Number of pair features the head reads (0 without ``constraint_feature``; else 2 · (1 + ``constraint_hops``))."""
+        return N_CONSTRAINT_FEATURES * (1 + self.constraint_hops) if self.constraint_feature else 0
 
 
 class MIHead(nn.Module):
@@ -195,8 +195,8 @@ class MIHead(nn.Module):
         if c.constraint_feature and (c.pairs != "bilinear" or c.positions != "absolute" or c.max_len != sd.N_CELLS):
             raise ValueError("constraint_feature is for Sudoku: it needs pairs='bilinear', positions='absolute' and "
                              f"max_len={sd.N_CELLS}")
-        if c.constraint_hops and not c.constraint_feature:
-            raise ValueError("constraint_hops needs constraint_feature=True")
+        if c.constraint_hops < 0 or c.constraint_hops and not c.constraint_feature:
+            raise ValueError(f"constraint_hops must be >= 0 and needs constraint_feature=True, got {c.constraint_hops}")
         if c.constraint_feature and not 1 <= c.constraint_top_k <= 9:
             raise ValueError(f"constraint_top_k must be in 1..9, got {c.constraint_top_k}")
         if c.pairs == "bilinear":
@@ -366,23 +366,22 @@ class MIHead(nn.Module):
             return torch.stack([torch.log1p(mi / CONSTRAINT_FEATURE_SCALE), overlap], 1)
 
     def _with_hops(self, f_BNLL: Tensor | None, rows_BK: Tensor | None = None) -> Tensor | None:
-        """With ``constraint_hops``: the feature ``f_BNLL`` ``[B, 2, Lm, Lm]`` among a grid's masked cells followed by
-        its two-hop products Σ_k f_ik f_kj / 81 over the masked k (``[B, 4, Lm, Lm]``), among the rows ``rows_BK`` only
-        if given (``[B, 4, K, K]``); without: ``f_BNLL`` (among ``rows_BK`` if given)."""
+        """With ``constraint_hops`` = n: the feature ``f_BNLL`` ``[B, 2, Lm, Lm]`` among a grid's masked cells followed
+        by its path sums of 2 .. n+1 hops, f^(h+1) = f^(h) f / 81 over the masked intermediate cells
+        (``[B, 2(n+1), Lm, Lm]``), among the rows ``rows_BK`` only if given (``[B, 2(n+1), K, K]``); without: ``f_BNLL``
+        (among ``rows_BK`` if given)."""
         if f_BNLL is None:
             return None
-        B, N, Lm, _ = f_BNLL.shape
-        if rows_BK is not None:
-            K = rows_BK.shape[1]
-            f_rows = f_BNLL.gather(2, rows_BK[:, None, :, None].expand(B, N, K, Lm))  # [B, N, K, Lm]
-            f_kk = f_rows.gather(3, rows_BK[:, None, None, :].expand(B, N, K, K))
-            if not self.config.constraint_hops:
-                return f_kk
-            # f is symmetric: f[:, :, :, rows] is f_rows transposed
-            return torch.cat([f_kk, (f_rows @ f_rows.transpose(-1, -2)) / sd.N_CELLS], 1)
-        if not self.config.constraint_hops:
-            return f_BNLL
-        return torch.cat([f_BNLL, (f_BNLL @ f_BNLL) / sd.N_CELLS], 1)
+        feats = [f_BNLL]
+        for _ in range(self.config.constraint_hops):
+            feats.append(feats[-1] @ f_BNLL / sd.N_CELLS)
+        f = torch.cat(feats, 1) if len(feats) > 1 else f_BNLL
+        if rows_BK is None:
+            return f
+        B, N, Lm, _ = f.shape
+        K = rows_BK.shape[1]
+        f = f.gather(2, rows_BK[:, None, :, None].expand(B, N, K, Lm))
+        return f.gather(3, rows_BK[:, None, None, :].expand(B, N, K, K))
 
     def _bilinear_masked(self, hidden_BLD: Tensor, masked_BL: Tensor, entropy_BL: Tensor | None,
                          candidates_BL: Tensor | None = None, probs_BLV: Tensor | None = None) -> Tensor:
@@ -419,10 +418,9 @@ class MIHead(nn.Module):
             cand = candidates_BL.to(dev).gather(1, idx)  # [B, Lm]
             rows = torch.argsort((~cand).to(torch.int8), dim=1, stable=True)[:, :Kc]  # candidates first
             keep = cand.gather(1, rows)
-            if self.config.constraint_hops:  # the two-hop products read the feature among every masked cell
+            if self.config.constraint_hops:  # the path sums read the feature among every masked cell
                 f = self._with_hops(self._feature(probs_BLV, masked_BL, idx, sub_m), rows)
-                if f is not None:
-                    f = f * (keep[:, None, :, None] & keep[:, None, None, :])
+                f = f * (keep[:, None, :, None] & keep[:, None, None, :])
             else:
                 f = self._feature(probs_BLV, masked_BL, idx.gather(1, rows), keep)
             sub = self._forward_bilinear(h, pm, e, positions_BL=idx, length=L, rows_BK=rows,
