@@ -190,6 +190,7 @@ def test_continuation_starts_from_the_finished_run_and_resumes_exactly(tmp_path)
         assert not torch.equal(sa["model"][k], sp["model"][k]) or k.endswith("relation_bias"), k
     conf = json.loads((tmp_path / "a" / "config.json").read_text())
     assert conf["continues"]["folder"] == "p" and conf["continues"]["step"] == 4
+    assert (tmp_path / "a" / "puzzle_pool.npz").read_bytes() == (tmp_path / "p" / "puzzle_pool.npz").read_bytes()
     assert conf["train"]["cycle_start"] == 4 and (tmp_path / "a" / "model.pt").exists()
 
 

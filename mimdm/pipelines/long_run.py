@@ -19,6 +19,7 @@ training state, so a run interrupted anywhere and resumed equals an uninterrupte
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -268,6 +269,9 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
         st = load_checkpoint(src)
         st["train_config"] = json.dumps(train_cfg.to_dict())  # the same state, trained on under this run's schedule
         atomic_save(st, state_path)
+        pool_src = Path(init_from) / "puzzle_pool.npz"  # the same curriculum's pool (checked on load): no rebuild
+        if pool_src.is_file() and not (state_dir / "puzzle_pool.npz").exists():
+            shutil.copyfile(pool_src, state_dir / "puzzle_pool.npz")
     pool = load_or_build_pool(curriculum, state_dir / "puzzle_pool.npz", progress)
     sample = curriculum_batch(pool, curriculum.fraction)
     eval_sets = [(k, sd.make_puzzles(eval_puzzles, c, np.random.default_rng(s))) for k, c, s in EVAL_SETS]
