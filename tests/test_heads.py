@@ -18,6 +18,7 @@ from mimdm.heads.mi_head import (
     save_head,
     train_head,
 )
+from mimdm.data import sudoku as sd
 from mimdm.models.sudoku import SudokuMDM, SudokuMDMConfig
 from mimdm.pipelines.labels import LabelConfig, generate_labels, is_complete, load_labels, split_of
 
@@ -713,3 +714,70 @@ def test_ablations_of_a_constraint_feature_head():
         MIHead(dataclasses.replace(base, **over))
         assert cfg.augment == "none"
     assert "no constraint feature" not in ablation_configs(get_profile("smoke"))
+
+
+def test_graph_rounds_propagate_the_pair_layer_along_masked_peers():
+    """``graph_rounds`` = 2 by hand: the hidden pair layer u_ij = SiLU(W g_ij + β) of the masked pairs, then twice
+    u_ij ← u_ij + U SiLU(V [u_ij, mean of u_kj over the masked peers k of i] + c), the peers listed from the Sudoku
+    constraint graph cell by cell; the readout, the two-hop term and the bound as without rounds, the bound
+    symmetrising. The head computes it on the gathered masked rows: the same values."""
+    torch.manual_seed(5)
+    cfg = MIHeadConfig(16, d_hidden=8, rank=4, channels=4, pos_dim=8, tri_channels=2, mix_channels=3,
+                       pairs="bilinear", max_len=81, graph_rounds=2)
+    head = MIHead(cfg).eval()
+    with torch.no_grad():
+        head.tri_weight.copy_(torch.tensor([0.6, -0.3]))
+        head.graph_bias.normal_()
+    B, L = 2, 81
+    h = torch.randn(B, L, 16)
+    masked = torch.rand(B, L) < 0.6
+    ent = torch.rand(B, L) * masked
+    peer = sd.constraint_graph()
+    with torch.no_grad():
+        a = head.feat(head.norm(h)).view(B, L, 4, 4)
+        e = head.pos[:L]
+        g = F.silu(torch.einsum("bicr,bjcr->bcij", a, a) / 2 + torch.einsum("icp,jcp->cij", e, e)[None]
+                   + head.bias[None, :, None, None])  # [B, C, L, L]
+        pm = masked[:, :, None] & masked[:, None, :] & ~torch.eye(L, dtype=torch.bool)
+        u = F.silu(torch.einsum("mc,bcij->bmij", head.mix, g) + head.mix_bias[None, :, None, None]) * pm[:, None]
+        for r in range(2):
+            msg = torch.zeros_like(u)
+            for b in range(B):
+                for i in range(L):
+                    ks = [k for k in range(L) if peer[i, k] and masked[b, k]]
+                    if masked[b, i] and ks:
+                        msg[b, :, i] = u[b][:, ks].mean(1)
+            pre = torch.einsum("mn,bnij->bmij", head.graph_in[r], torch.cat([u, msg], 1)) \
+                + head.graph_bias[r][None, :, None, None]
+            u = u + torch.einsum("mn,bnij->bmij", head.graph_out[r], F.silu(pre)) * pm[:, None]
+        s = torch.einsum("m,bmij->bij", head.readout, u) + head.out_bias
+        gm = g[:, :2] * pm[:, None]
+        s = s + torch.einsum("k,bkij->bij", head.tri_weight, gm @ gm) / 9
+        mi = (ent[:, :, None] + ent[:, None, :]) / 2 * torch.sigmoid(s) * pm
+        want = (mi + mi.mT) / 2
+        got = head(h, masked, ent)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), float((got - want).abs().max())
+    with torch.no_grad():  # the rounds count: without them another output
+        head.graph_out.zero_()
+        assert (head(h, masked, ent) - got).abs().max() > 1e-3
+    assert MIHeadConfig(**cfg.to_dict()) == cfg and "graph_rounds" not in dataclasses.replace(cfg, graph_rounds=0).to_dict()
+    with pytest.raises(ValueError, match="graph_rounds must be >= 0 .* mix_channels >= 1"):
+        MIHead(dataclasses.replace(cfg, mix_channels=0))
+    with pytest.raises(ValueError, match="graph_rounds must be >= 0"):
+        MIHead(dataclasses.replace(cfg, graph_rounds=-1))
+
+
+def test_graph_rounds_head_on_candidates_equals_the_full_matrix_and_every_parameter_learns():
+    torch.manual_seed(6)
+    head = MIHead(MIHeadConfig(16, d_hidden=8, rank=4, channels=4, pos_dim=8, tri_channels=2, mix_channels=3,
+                               pairs="bilinear", max_len=81, constraint_feature=True, graph_rounds=1))
+    probs, masked = _sudoku_marginals(3, 4)
+    h, ent = torch.randn(3, 81, 16), torch.rand(3, 81) * masked
+    cand = masked & (torch.rand(3, 81) < 0.2)
+    keep = cand[:, :, None] & cand[:, None, :]
+    with torch.no_grad():
+        full, sub = head(h, masked, ent, probs), head(h, masked, ent, probs, candidates_BL=cand)
+    assert (full * keep).abs().sum() > 0 and torch.equal(sub, full * keep)
+    head(h, masked, ent, probs).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in head.parameters())
+    assert not any(k == "peer" for k in head.state_dict())  # the graph is not a parameter: checkpoints hold none

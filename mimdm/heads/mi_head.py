@@ -38,6 +38,11 @@ two-hop product below is a dense [L, L] matrix product per channel):
    the two features' path sums over 2 .. n+1 hops through masked cells (f^(2)_ij = Σ_k f_ik f_kj / 81, f^(3) =
    f^(2) f / 81, ...: one [Lm, Lm] matrix product per feature and hop) enter as more features: dependence of i on j
    along chains of cells that the constraint model couples, which the propagated reference (chapter 2) follows.
+7. **Graph rounds** (``graph_rounds`` = R; Sudoku, bilinear head with a hidden pair layer): the hidden pair layer h_ij
+   (i: the cell asked about, j: the cell conditioned on) is propagated R times along the constraint graph,
+   h_ij ← h_ij + U_r SiLU(V_r [h_ij, mean_{k ∈ peers(i), masked} h_kj] + c_r), one [Lm, Lm] @ [Lm, Lm] product per
+   channel and round: a learned form of the propagated reference's rounds (fixing x_j moves j's peers, then theirs),
+   in which the pair state of (k, j) informs (i, j) when k constrains i. The logit is symmetrised by the bound.
 
 The output is symmetric, non-negative, zero on the diagonal and at unmasked positions by
 construction. Sizes: ``d_hidden`` 224, ``rank`` 64 give ~62K parameters at D=128; the paper
@@ -134,6 +139,10 @@ class MIHeadConfig:
             hops through the masked cells (f^(h+1) = f^(h) f / 81; 2 · (1 + ``constraint_hops``) features). On
             candidates (`MIHead.forward`) the feature is then computed among all masked cells, not the candidates
             only.
+        graph_rounds: ``pairs="bilinear"`` on Sudoku with a hidden pair layer (``mix_channels`` ≥ 1) only: rounds of
+            propagation of the hidden pair layer along the constraint graph, h_ij ← h_ij + U_r SiLU(V_r [h_ij,
+            mean_{k ∈ peers(i), masked} h_kj] + c_r) (module docstring, 7). On candidates (`MIHead.forward`) the
+            full matrix is computed (the rounds read every masked pair) and returned among the candidates.
     """
 
     d_in: int
@@ -153,6 +162,7 @@ class MIHeadConfig:
     constraint_feature: bool = False
     constraint_top_k: int = 4
     constraint_hops: int = 0
+    graph_rounds: int = 0
 
     def to_dict(self) -> dict:
         """The architecture as a dict (``out_bias``, ``pairs`` and ``channels`` left out at their defaults, so
@@ -168,6 +178,8 @@ class MIHeadConfig:
             del d["constraint_feature"], d["constraint_top_k"]
         if not d["constraint_hops"]:  # earlier heads' keys
             del d["constraint_hops"]
+        if not d["graph_rounds"]:  # earlier heads' keys
+            del d["graph_rounds"]
         return d
 
     @property
@@ -197,6 +209,11 @@ class MIHead(nn.Module):
                              f"max_len={sd.N_CELLS}")
         if c.constraint_hops < 0 or c.constraint_hops and not c.constraint_feature:
             raise ValueError(f"constraint_hops must be >= 0 and needs constraint_feature=True, got {c.constraint_hops}")
+        if c.graph_rounds < 0 or c.graph_rounds and (c.pairs != "bilinear" or c.positions != "absolute"
+                                                     or c.max_len != sd.N_CELLS or c.mix_channels < 1):
+            raise ValueError("graph_rounds must be >= 0 and propagates along the Sudoku constraint graph: it needs "
+                             f"pairs='bilinear', positions='absolute', max_len={sd.N_CELLS} and mix_channels >= 1, "
+                             f"got {c.graph_rounds}")
         if c.constraint_feature and not 1 <= c.constraint_top_k <= 9:
             raise ValueError(f"constraint_top_k must be in 1..9, got {c.constraint_top_k}")
         if c.pairs == "bilinear":
@@ -243,6 +260,12 @@ class MIHead(nn.Module):
             if M:
                 self.feature_mix = nn.Parameter(torch.randn(M, c.n_features) * 0.3)  # w_mk
             self.feature_logit = nn.Parameter(torch.zeros(c.n_features))  # u_k
+        if c.graph_rounds:
+            R = c.graph_rounds
+            self.graph_in = nn.Parameter(torch.randn(R, M, 2 * M) / math.sqrt(2 * M))  # V_r
+            self.graph_bias = nn.Parameter(torch.zeros(R, M))  # c_r
+            self.graph_out = nn.Parameter(torch.randn(R, M, M) * (0.5 / math.sqrt(M)))  # U_r
+            self.register_buffer("peer", torch.from_numpy(sd.constraint_graph()).float(), persistent=False)
 
     def _forward_bilinear(self, hidden_BLD: Tensor, pairs_BLL: Tensor, entropy_BL: Tensor | None,
                           positions_BL: Tensor | None = None, length: int | None = None,
@@ -277,7 +300,7 @@ class MIHead(nn.Module):
         else:
             G += self.bias[:, None, None]
         G = F.silu(G, inplace=not torch.is_grad_enabled())  # [B, C, L, L]
-        s = self._bilinear_logit(G, feature_BLL)
+        s = self._bilinear_logit(G, feature_BLL, self._graph(pairs_BLL, positions_BL), pairs_BLL)
         k = self.tri_weight.numel()
         if k:
             Gm = G[:, :k] * pairs_BLL[:, None].to(G.dtype)
@@ -312,10 +335,24 @@ class MIHead(nn.Module):
                               (Gm @ Gm.transpose(-1, -2)).view(B, k, K * K)).view(B, K, K) / math.sqrt(length or L)
         return self._bounded(s, pairs_BKK, None if entropy_BL is None else entropy_BL.gather(1, rows_BK))
 
-    def _bilinear_logit(self, G: Tensor, feature_BLL: Tensor | None = None) -> Tensor:
-        """The logit ``[B, L, L']`` of the units ``G`` ``[B, C, L, L']`` (the hidden pair layer, if any, and the
-        readout; without the two-hop term), with the ``constraint_feature`` ``feature_BLL`` ``[B, 2, L, L']`` if the
-        head has one."""
+    def _graph(self, pairs_BLL: Tensor, positions_BL: Tensor | None) -> Tensor | None:
+        """The ``graph_rounds`` operator among the L rows ``[B, L, L]``: A_ik = 1 / n_i if k is a masked peer of i
+        (n_i: i's masked peers; rows are the cells ``positions_BL``, or 0..L-1 if None), else 0; None without
+        ``graph_rounds``."""
+        if not self.config.graph_rounds:
+            return None
+        B, L, _ = pairs_BLL.shape
+        pos = torch.arange(L, device=pairs_BLL.device).expand(B, L) if positions_BL is None else positions_BL
+        rows = pairs_BLL.any(-1)  # masked rows (a lone masked cell has no pair, and nothing to propagate)
+        A = self.peer[pos[:, :, None], pos[:, None, :]] * (rows[:, :, None] & rows[:, None, :]).float()
+        return A / A.sum(-1, keepdim=True).clamp_min(1)
+
+    def _bilinear_logit(self, G: Tensor, feature_BLL: Tensor | None = None, graph_BLL: Tensor | None = None,
+                        pairs_BLL: Tensor | None = None) -> Tensor:
+        """The logit ``[B, L, L']`` of the units ``G`` ``[B, C, L, L']`` (the hidden pair layer, if any, its
+        ``graph_rounds`` along ``graph_BLL`` (`_graph`; L = L') among the pairs ``pairs_BLL``, and the readout;
+        without the two-hop term), with the ``constraint_feature`` ``feature_BLL`` ``[B, 2, L, L']`` if the head has
+        one."""
         B, C, L, L2 = G.shape
         x = G.reshape(B, C, L * L2)
         f = None
@@ -331,6 +368,17 @@ class MIHead(nn.Module):
             if f is not None:
                 pre = torch.baddbmm(pre, self.feature_mix.expand(B, M, self.config.n_features), f)
             x, C = F.silu(pre), M
+        if self.config.graph_rounds:
+            if graph_BLL is None or pairs_BLL is None or L != L2:
+                raise ValueError("graph_rounds needs the graph and the pairs among all L rows")
+            keep = pairs_BLL[:, None].to(x.dtype)  # [B, 1, L, L]
+            z = x.view(B, M, L, L2) * keep
+            for V, c, U in zip(self.graph_in, self.graph_bias, self.graph_out):
+                msg = graph_BLL[:, None] @ z  # [B, M, L, L]: the mean of h_kj over i's masked peers k
+                pre = torch.baddbmm(c[None, :, None].expand(B, M, 1), V.expand(B, M, 2 * M),
+                                    torch.cat([z, msg], 1).view(B, 2 * M, L * L2))
+                z = z + torch.bmm(U.expand(B, M, M), F.silu(pre)).view(B, M, L, L2) * keep
+            x = z.view(B, M, L * L2)
         s = torch.bmm(self.readout.expand(B, 1, C), x)  # [B, 1, L·L']
         if f is not None:
             s = torch.baddbmm(s, self.feature_logit.expand(B, 1, self.config.n_features), f)
@@ -395,7 +443,7 @@ class MIHead(nn.Module):
         dev = hidden_BLD.device
         Lm = int(masked_BL.sum(1).max()) if B else 0
         Kc = int(candidates_BL.sum(1).max()) if candidates_BL is not None and B else Lm
-        if Kc == Lm:
+        if Kc == Lm or self.config.graph_rounds:  # graph_rounds read every masked pair: the full matrix
             candidates_BL = None  # every masked position is a candidate somewhere: the full head
         if Lm == L and candidates_BL is None or B == 0:
             pm = masked_BL[:, :, None] & masked_BL[:, None, :] & ~torch.eye(L, dtype=torch.bool, device=dev)
