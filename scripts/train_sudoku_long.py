@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,6 +43,9 @@ def main(argv=None) -> int:
                     help="re-plan the run's total length (only before its final decay has started)")
     ap.add_argument("--device", default="cpu", help="torch device of this call, e.g. cuda (default cpu); a run may "
                     "move between CPU and GPU across calls")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="a continuation's source run folder (default: checkpoints/<the source run's folder>, "
+                    "mimdm.pipelines.long_run.CONTINUES)")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--zoo-eval", type=int, default=None, metavar="N",
                     help="do not train: print the zoo's solve rate of the run's current state on N 30-35-clue puzzles "
@@ -58,19 +62,32 @@ def main(argv=None) -> int:
     model_cfg, train_cfg, curriculum = configs()
     state_dir = args.state_dir or ROOT / "checkpoints" / folder
     if args.zoo_eval is not None:
-        try:
-            print(json.dumps(state_solve_rate(state_dir, args.zoo_eval, args.device)))
-        except FileNotFoundError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        return 0
+        for attempt in range(2):  # a run training beside this may be replacing its state.pt and its checksum
+            try:
+                print(json.dumps(state_solve_rate(state_dir, args.zoo_eval, args.device)))
+                return 0
+            except FileNotFoundError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+            except ValueError as e:
+                if attempt:
+                    print(f"error: {e}", file=sys.stderr)
+                    return 2
+                time.sleep(5)
+    if args.init_from is not None and args.run not in CONTINUES:
+        ap.error(f"--init-from is for a continuation run ({', '.join(sorted(CONTINUES))}), not --run {args.run}")
     if args.steps is not None:
+        if args.steps <= train_cfg.cycle_start:
+            ap.error(f"--steps must exceed the run's cycle start {train_cfg.cycle_start}, got {args.steps}")
         train_cfg = replace(train_cfg, steps=args.steps)
+    init_from = None
+    if args.run in CONTINUES:
+        init_from = args.init_from or ROOT / "checkpoints" / RUNS[CONTINUES[args.run]][1]
     curve = run_long_training(state_dir, model_cfg, train_cfg, curriculum, hours=args.hours,
                               eval_every=args.eval_every, eval_puzzles=args.eval_puzzles,
                               progress=not args.no_progress, allow_extend=args.steps is not None, run=args.run,
                               device=args.device,
-                              init_from=ROOT / "checkpoints" / RUNS[CONTINUES[args.run]][1] if args.run in CONTINUES else None)
+                              init_from=init_from)
     if curve:
         print("last evaluation:", curve[-1])
     return 0

@@ -192,6 +192,12 @@ def test_continuation_starts_from_the_finished_run_and_resumes_exactly(tmp_path)
     assert conf["continues"]["folder"] == "p" and conf["continues"]["step"] == 4
     assert (tmp_path / "a" / "puzzle_pool.npz").read_bytes() == (tmp_path / "p" / "puzzle_pool.npz").read_bytes()
     assert conf["train"]["cycle_start"] == 4 and (tmp_path / "a" / "model.pt").exists()
+    # a continuation trains with its own weight decay, not the one saved in the source's optimiser state
+    run_long_training(tmp_path / "c", TINY, replace(second, weight_decay=0.5), SMALL_POOL, init_from=tmp_path / "p",
+                      stop_after=5, **kw)
+    sc = torch.load(tmp_path / "c" / "state.pt", weights_only=True)
+    assert [g["weight_decay"] for g in sc["optimizer"]["param_groups"]] == [0.5]
+    assert sp["optimizer"]["param_groups"][0]["weight_decay"] == first.weight_decay == 0.01
 
 
 def test_adopted_long_run_is_the_zoo_model_of_its_configuration(tmp_path):
@@ -285,7 +291,8 @@ def test_deep32_continues_deep24_in_a_second_cycle():
     assert RUNS["deep32"] == (deep32_run_configs, "sudoku_cpu_deep32")
 
 
-def test_state_solve_rate_is_the_zoo_evaluation_of_the_current_state(tmp_path):
+def test_state_solve_rate_is_the_zoo_evaluation_of_the_current_state(tmp_path, monkeypatch):
+    from mimdm.pipelines import long_run
     from mimdm.pipelines.long_run import state_solve_rate
     from mimdm.pipelines.zoo import solve_rate
 
@@ -297,6 +304,12 @@ def test_state_solve_rate_is_the_zoo_evaluation_of_the_current_state(tmp_path):
     want = solve_rate(m, 3)
     assert got["step"] == 7 and got["n_puzzles"] == 3 and got["solve_rate"] == want["solve_rate"]
     assert got["n_solved"] == round(3 * want["solve_rate"]) and got["nfe_mean"] == want["nfe_mean"]
+    seen = []  # the evaluated model holds the state's weights (an untrained tiny model scores the same 0)
+    monkeypatch.setattr(long_run, "solve_rate", lambda model, n: seen.append((model, n)) or want)
+    state_solve_rate(tmp_path, 3)
+    (model, n), = seen
+    assert n == 3 and not model.training
+    assert all(torch.equal(v, m.state_dict()[k]) for k, v in model.state_dict().items())
     with pytest.raises(FileNotFoundError, match="not a long run's folder"):
         state_solve_rate(tmp_path / "missing", 3)
 

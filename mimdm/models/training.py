@@ -275,6 +275,8 @@ def train_mdm(model: MaskedModel, sample_batch: Callable[[np.random.Generator, i
                                "training drew its randomness on the CPU; it cannot be resumed: delete it to retrain")
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
+        for g in opt.param_groups:  # the saved groups carry the writer's weight decay; a continuation sets its own
+            g["weight_decay"] = cfg.weight_decay
         rng.bit_generator.state = json.loads(st["numpy_rng"])
         gen.set_state(st["torch_rng"].cpu())
         torch.set_rng_state(st["global_rng"].cpu())

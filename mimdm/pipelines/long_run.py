@@ -19,6 +19,7 @@ training state, so a run interrupted anywhere and resumed equals an uninterrupte
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from dataclasses import replace
@@ -217,7 +218,8 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
             schedule cycle, e.g. `deep32_run_configs`). When ``state_dir`` has no state yet, that run's ``state.pt``
             (at step ``cycle_start``) is copied in with this run's training config, so the run starts from its
             weights, optimiser moments, RNG and data position; ``config.json`` records the source (``continues``:
-            folder, step and the state's sha256). The curve's first row re-evaluates that state.
+            folder, step and the state's sha256). The training seed is then unused (the RNG state is the source's).
+            The curve's first row re-evaluates that state when ``cycle_start`` is a multiple of ``eval_every``.
 
     Returns:
         The curve (all of ``curve.jsonl``).
@@ -266,12 +268,14 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
                                              + (_LONG_NOTE if run == "long" else ""))
 
     if src is not None:
+        pool_src, pool_dst = Path(init_from) / "puzzle_pool.npz", state_dir / "puzzle_pool.npz"
+        if pool_src.is_file() and not pool_dst.exists():  # the same curriculum's pool (checked on load): no rebuild
+            tmp = pool_dst.with_name(pool_dst.name + ".tmp")
+            shutil.copyfile(pool_src, tmp)
+            os.replace(tmp, pool_dst)  # before the state: an interrupted copy leaves no state, so it is redone
         st = load_checkpoint(src)
         st["train_config"] = json.dumps(train_cfg.to_dict())  # the same state, trained on under this run's schedule
         atomic_save(st, state_path)
-        pool_src = Path(init_from) / "puzzle_pool.npz"  # the same curriculum's pool (checked on load): no rebuild
-        if pool_src.is_file() and not (state_dir / "puzzle_pool.npz").exists():
-            shutil.copyfile(pool_src, state_dir / "puzzle_pool.npz")
     pool = load_or_build_pool(curriculum, state_dir / "puzzle_pool.npz", progress)
     sample = curriculum_batch(pool, curriculum.fraction)
     eval_sets = [(k, sd.make_puzzles(eval_puzzles, c, np.random.default_rng(s))) for k, c, s in EVAL_SETS]
@@ -395,7 +399,9 @@ def adopt(state_dir: Path, n_eval: int, root: Path | None = None) -> Path:
     its solve-rate curve (``record["trained_on"]["curve"]``). Training the same configuration from scratch with the
     zoo gives the same weights up to floating-point nondeterminism: the run resumes exactly, its evaluations do not
     touch the training state, and a re-planned length (``config.json`` ``extended``) only moved the start of the
-    final decay, which had not begun.
+    final decay, which had not begun. A continuation (``cycle_start`` > 0, ``config.json`` ``continues``, recorded in
+    ``trained_on["long_run"]``) is the exception: the zoo does not train it from scratch, since it starts from its
+    source run's state.
 
     Returns:
         The written ``model.pt``.
@@ -416,7 +422,7 @@ def adopt(state_dir: Path, n_eval: int, root: Path | None = None) -> Path:
     model, _ = load_sudoku_mdm(src)
     ev = solve_rate(model, n_eval)
     trained_on = {**json.loads(ck["trained_on"]), "curve": read_curve(state_dir / "curve.jsonl"),
-                  "long_run": {k: cfg.get(k) for k in ("started_from_commit", "extended", "eval")}}
+                  "long_run": {k: cfg.get(k) for k in ("started_from_commit", "extended", "eval", "continues")}}
     d = sudoku_mdm_dir(model_cfg, train_cfg, root, curriculum)
     atomic_save({**ck, "eval": json.dumps(ev), "trained_on": json.dumps(trained_on)}, d / "model.pt")
     return d / "model.pt"
