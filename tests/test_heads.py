@@ -613,8 +613,8 @@ def test_constraint_feature_head_on_candidates_equals_the_full_matrix_and_needs_
     assert "constraint_feature" not in MIHeadConfig(16).to_dict()  # earlier heads' cache keys hold
 
 
-def test_constraint_hops_enter_the_logit_as_path_sums():
-    """With ``constraint_hops`` = 2 and every other input silenced, the logit is exactly a path sum of the feature f
+def test_constraint_hops_enter_the_logit_as_walk_sums():
+    """With ``constraint_hops`` = 2 and every other input silenced, the logit is exactly a walk sum of the feature f
     (log1p(I^c / 0.01), or the overlap) over the masked cells: Σ_k f_ik f_kj / 81 (two hops) or
     Σ_k,l f_ik f_kl f_lj / 81² (three), computed here by explicit sums over the intermediate cells."""
     from mimdm.probing.sudoku_mi import constraint_mi
@@ -718,9 +718,10 @@ def test_ablations_of_a_constraint_feature_head():
 
 def test_graph_rounds_propagate_the_pair_layer_along_masked_peers():
     """``graph_rounds`` = 2 by hand: the hidden pair layer u_ij = SiLU(W g_ij + β) of the masked pairs, then twice
-    u_ij ← u_ij + U SiLU(V [u_ij, mean of u_kj over the masked peers k of i] + c), the peers listed from the Sudoku
-    constraint graph cell by cell; the readout, the two-hop term and the bound as without rounds, the bound
-    symmetrising. The head computes it on the gathered masked rows: the same values."""
+    u_ij ← u_ij + U SiLU(V [u_ij, mean of u_kj over the masked peers k ≠ j of i] + c), the peers listed from the
+    Sudoku constraint graph cell by cell; the readout, the two-hop term and the bound as without rounds, the bound
+    symmetrising. The head computes it on the gathered masked rows (grid 0), or on all 81 (grid 1, fully masked):
+    the same values."""
     torch.manual_seed(5)
     cfg = MIHeadConfig(16, d_hidden=8, rank=4, channels=4, pos_dim=8, tri_channels=2, mix_channels=3,
                        pairs="bilinear", max_len=81, graph_rounds=2)
@@ -731,6 +732,7 @@ def test_graph_rounds_propagate_the_pair_layer_along_masked_peers():
     B, L = 2, 81
     h = torch.randn(B, L, 16)
     masked = torch.rand(B, L) < 0.6
+    masked[1] = True  # every cell masked: the head's path without gathering
     ent = torch.rand(B, L) * masked
     peer = sd.constraint_graph()
     with torch.no_grad():
@@ -745,8 +747,10 @@ def test_graph_rounds_propagate_the_pair_layer_along_masked_peers():
             for b in range(B):
                 for i in range(L):
                     ks = [k for k in range(L) if peer[i, k] and masked[b, k]]
-                    if masked[b, i] and ks:
-                        msg[b, :, i] = u[b][:, ks].mean(1)
+                    for j in range(L):
+                        others = [k for k in ks if k != j]
+                        if masked[b, i] and others:
+                            msg[b, :, i, j] = u[b][:, others, j].mean(1)
             pre = torch.einsum("mn,bnij->bmij", head.graph_in[r], torch.cat([u, msg], 1)) \
                 + head.graph_bias[r][None, :, None, None]
             u = u + torch.einsum("mn,bnij->bmij", head.graph_out[r], F.silu(pre)) * pm[:, None]
@@ -761,10 +765,17 @@ def test_graph_rounds_propagate_the_pair_layer_along_masked_peers():
         head.graph_out.zero_()
         assert (head(h, masked, ent) - got).abs().max() > 1e-3
     assert MIHeadConfig(**cfg.to_dict()) == cfg and "graph_rounds" not in dataclasses.replace(cfg, graph_rounds=0).to_dict()
-    with pytest.raises(ValueError, match="graph_rounds must be >= 0 .* mix_channels >= 1"):
+    with pytest.raises(ValueError, match="graph_rounds propagate the hidden pair layer: they need mix_channels >= 1"):
         MIHead(dataclasses.replace(cfg, mix_channels=0))
-    with pytest.raises(ValueError, match="graph_rounds must be >= 0"):
-        MIHead(dataclasses.replace(cfg, graph_rounds=-1))
+    with pytest.raises(ValueError, match="they need pairs='bilinear', positions='absolute' and max_len=81"):
+        MIHead(dataclasses.replace(cfg, max_len=50))
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="graph_rounds must be an integer >= 0"):
+            MIHead(dataclasses.replace(cfg, graph_rounds=bad))
+    with pytest.raises(ValueError, match="constraint_hops must be an integer >= 0, got True"):
+        MIHead(dataclasses.replace(cfg, constraint_feature=True, constraint_hops=True))
+    with pytest.raises(ValueError, match="reads Sudoku grids of 81 cells, got length 50"):
+        head(h[:, :50], masked[:, :50], ent[:, :50])
 
 
 def test_graph_rounds_head_on_candidates_equals_the_full_matrix_and_every_parameter_learns():

@@ -35,12 +35,13 @@ two-hop product below is a dense [L, L] matrix product per channel):
    moves v's mass within each unit of i onto its cells that are not peers of j), and the marginals' overlap
    Σ_v p_i(v) p_j(v) enter the hidden pair layer and the logit. Without them most of the cpu head's squared error
    sits in pairs that share no unit, whose dependence runs through a digit in this way. With ``constraint_hops`` = n
-   the two features' path sums over 2 .. n+1 hops through masked cells (f^(2)_ij = Σ_k f_ik f_kj / 81, f^(3) =
-   f^(2) f / 81, ...: one [Lm, Lm] matrix product per feature and hop) enter as more features: dependence of i on j
-   along chains of cells that the constraint model couples, which the propagated reference (chapter 2) follows.
+   the two features' walk sums over 2 .. n+1 hops through masked cells (f^(2)_ij = Σ_k f_ik f_kj / 81, f^(3) =
+   f^(2) f / 81, ...: one [Lm, Lm] matrix product per feature and hop; walks, so f^(2) has a diagonal and f^(3)
+   backtracking terms) enter as more features: dependence of i on j along chains of cells that the constraint model
+   couples, which the propagated reference (chapter 2) follows.
 7. **Graph rounds** (``graph_rounds`` = R; Sudoku, bilinear head with a hidden pair layer): the hidden pair layer h_ij
    (i: the cell asked about, j: the cell conditioned on) is propagated R times along the constraint graph,
-   h_ij ← h_ij + U_r SiLU(V_r [h_ij, mean_{k ∈ peers(i), masked} h_kj] + c_r), one [Lm, Lm] @ [Lm, Lm] product per
+   h_ij ← h_ij + U_r SiLU(V_r [h_ij, mean_{k ∈ peers(i), masked, k ≠ j} h_kj] + c_r), one [Lm, Lm] @ [Lm, Lm] product per
    channel and round: a learned form of the propagated reference's rounds (fixing x_j moves j's peers, then theirs),
    in which the pair state of (k, j) informs (i, j) when k constrains i. The logit is symmetrised by the bound.
 
@@ -135,14 +136,14 @@ class MIHeadConfig:
             (``probs_BLV`` of `MIHead.forward`).
         constraint_top_k: the feature's ``top_k`` (each direction conditions on the conditioning cell's
             ``constraint_top_k`` most likely digits; 9: all): fewer terms, a cheaper head pass.
-        constraint_hops: with ``constraint_feature``: also the features' path sums over 2 .. ``constraint_hops`` + 1
+        constraint_hops: with ``constraint_feature``: also the features' walk sums over 2 .. ``constraint_hops`` + 1
             hops through the masked cells (f^(h+1) = f^(h) f / 81; 2 · (1 + ``constraint_hops``) features). On
             candidates (`MIHead.forward`) the feature is then computed among all masked cells, not the candidates
             only.
         graph_rounds: ``pairs="bilinear"`` on Sudoku with a hidden pair layer (``mix_channels`` ≥ 1) only: rounds of
             propagation of the hidden pair layer along the constraint graph, h_ij ← h_ij + U_r SiLU(V_r [h_ij,
-            mean_{k ∈ peers(i), masked} h_kj] + c_r) (module docstring, 7). On candidates (`MIHead.forward`) the
-            full matrix is computed (the rounds read every masked pair) and returned among the candidates.
+            mean_{k ∈ peers(i), masked, k ≠ j} h_kj] + c_r) (module docstring, 7). On candidates (`MIHead.forward`)
+            the full matrix is computed (the rounds read every masked pair) and returned among the candidates.
     """
 
     d_in: int
@@ -192,7 +193,8 @@ class MIHead(nn.Module):
     """Hidden states ``[B, L, D]`` (+ masked ``[B, L]`` bool, entropy ``[B, L]`` nats) → MI ``[B, L, L]`` nats.
 
     Raises:
-        ValueError: unknown ``bound`` or ``positions``.
+        ValueError: unknown ``bound``, ``positions`` or ``pairs``; a ``constraint_feature``, ``constraint_hops`` or
+            ``graph_rounds`` setting its architecture does not allow (each message names the requirement).
     """
 
     def __init__(self, config: MIHeadConfig):
@@ -207,13 +209,17 @@ class MIHead(nn.Module):
         if c.constraint_feature and (c.pairs != "bilinear" or c.positions != "absolute" or c.max_len != sd.N_CELLS):
             raise ValueError("constraint_feature is for Sudoku: it needs pairs='bilinear', positions='absolute' and "
                              f"max_len={sd.N_CELLS}")
-        if c.constraint_hops < 0 or c.constraint_hops and not c.constraint_feature:
-            raise ValueError(f"constraint_hops must be >= 0 and needs constraint_feature=True, got {c.constraint_hops}")
-        if c.graph_rounds < 0 or c.graph_rounds and (c.pairs != "bilinear" or c.positions != "absolute"
-                                                     or c.max_len != sd.N_CELLS or c.mix_channels < 1):
-            raise ValueError("graph_rounds must be >= 0 and propagates along the Sudoku constraint graph: it needs "
-                             f"pairs='bilinear', positions='absolute', max_len={sd.N_CELLS} and mix_channels >= 1, "
-                             f"got {c.graph_rounds}")
+        for name in ("constraint_hops", "graph_rounds"):
+            n = getattr(c, name)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {n!r}")
+        if c.constraint_hops and not c.constraint_feature:
+            raise ValueError(f"constraint_hops={c.constraint_hops} needs constraint_feature=True")
+        if c.graph_rounds and (c.pairs != "bilinear" or c.positions != "absolute" or c.max_len != sd.N_CELLS):
+            raise ValueError("graph_rounds propagate along the Sudoku constraint graph: they need pairs='bilinear', "
+                             f"positions='absolute' and max_len={sd.N_CELLS}")
+        if c.graph_rounds and c.mix_channels < 1:
+            raise ValueError("graph_rounds propagate the hidden pair layer: they need mix_channels >= 1")
         if c.constraint_feature and not 1 <= c.constraint_top_k <= 9:
             raise ValueError(f"constraint_top_k must be in 1..9, got {c.constraint_top_k}")
         if c.pairs == "bilinear":
@@ -277,7 +283,8 @@ class MIHead(nn.Module):
         two-hop sum (default L). ``rows_BK``: ``[B, K]`` long, return only the MI among these K of the L rows,
         ``[B, K, K]`` (the units are computed between them and all L rows, as the two-hop sum needs; the same values
         as the full matrix up to float rounding, at about K/L of its cost); None: ``[B, L, L]``. ``feature_BLL``: the
-        ``constraint_feature`` among the returned rows (``[B, 2, L, L]``; ``[B, 2, K, K]`` with ``rows_BK``), or
+        ``constraint_feature`` among the returned rows (``[B, n_features, L, L]``; ``[B, n_features, K, K]`` with
+        ``rows_BK``), or
         None."""
         c = self.config
         B, L, _ = hidden_BLD.shape
@@ -336,22 +343,23 @@ class MIHead(nn.Module):
         return self._bounded(s, pairs_BKK, None if entropy_BL is None else entropy_BL.gather(1, rows_BK))
 
     def _graph(self, pairs_BLL: Tensor, positions_BL: Tensor | None) -> Tensor | None:
-        """The ``graph_rounds`` operator among the L rows ``[B, L, L]``: A_ik = 1 / n_i if k is a masked peer of i
-        (n_i: i's masked peers; rows are the cells ``positions_BL``, or 0..L-1 if None), else 0; None without
-        ``graph_rounds``."""
+        """The ``graph_rounds`` operator among the L rows: ``(A [B, L, L], inv_n [B, L, L])``, A_ik = 1 if k is a
+        masked peer of i (rows are the cells ``positions_BL``, or 0..L-1 if None), else 0, and inv_n_ij = 1 / the
+        number of i's masked peers other than j (at least 1), so that ((A h) · inv_n)_ij is the mean of h_kj over
+        them (h_jj = 0); None without ``graph_rounds``."""
         if not self.config.graph_rounds:
             return None
         B, L, _ = pairs_BLL.shape
         pos = torch.arange(L, device=pairs_BLL.device).expand(B, L) if positions_BL is None else positions_BL
         rows = pairs_BLL.any(-1)  # masked rows (a lone masked cell has no pair, and nothing to propagate)
         A = self.peer[pos[:, :, None], pos[:, None, :]] * (rows[:, :, None] & rows[:, None, :]).float()
-        return A / A.sum(-1, keepdim=True).clamp_min(1)
+        return A, (A.sum(-1, keepdim=True) - A).clamp_min(1).reciprocal()
 
-    def _bilinear_logit(self, G: Tensor, feature_BLL: Tensor | None = None, graph_BLL: Tensor | None = None,
+    def _bilinear_logit(self, G: Tensor, feature_BLL: Tensor | None = None, graph: tuple[Tensor, Tensor] | None = None,
                         pairs_BLL: Tensor | None = None) -> Tensor:
         """The logit ``[B, L, L']`` of the units ``G`` ``[B, C, L, L']`` (the hidden pair layer, if any, its
-        ``graph_rounds`` along ``graph_BLL`` (`_graph`; L = L') among the pairs ``pairs_BLL``, and the readout;
-        without the two-hop term), with the ``constraint_feature`` ``feature_BLL`` ``[B, 2, L, L']`` if the head has
+        ``graph_rounds`` along ``graph`` (`_graph`; L = L') among the pairs ``pairs_BLL``, and the readout;
+        without the two-hop term), with the ``constraint_feature`` ``feature_BLL`` ``[B, n_features, L, L']`` if the head has
         one."""
         B, C, L, L2 = G.shape
         x = G.reshape(B, C, L * L2)
@@ -369,12 +377,13 @@ class MIHead(nn.Module):
                 pre = torch.baddbmm(pre, self.feature_mix.expand(B, M, self.config.n_features), f)
             x, C = F.silu(pre), M
         if self.config.graph_rounds:
-            if graph_BLL is None or pairs_BLL is None or L != L2:
+            if graph is None or pairs_BLL is None or L != L2:
                 raise ValueError("graph_rounds needs the graph and the pairs among all L rows")
+            A, inv_n = graph[0][:, None], graph[1][:, None]
             keep = pairs_BLL[:, None].to(x.dtype)  # [B, 1, L, L]
             z = x.view(B, M, L, L2) * keep
             for V, c, U in zip(self.graph_in, self.graph_bias, self.graph_out):
-                msg = graph_BLL[:, None] @ z  # [B, M, L, L]: the mean of h_kj over i's masked peers k
+                msg = (A @ z) * inv_n  # [B, M, L, L]: the mean of h_kj over i's masked peers k != j
                 pre = torch.baddbmm(c[None, :, None].expand(B, M, 1), V.expand(B, M, 2 * M),
                                     torch.cat([z, msg], 1).view(B, 2 * M, L * L2))
                 z = z + torch.bmm(U.expand(B, M, M), F.silu(pre)).view(B, M, L, L2) * keep
@@ -415,7 +424,7 @@ class MIHead(nn.Module):
 
     def _with_hops(self, f_BNLL: Tensor | None, rows_BK: Tensor | None = None) -> Tensor | None:
         """With ``constraint_hops`` = n: the feature ``f_BNLL`` ``[B, 2, Lm, Lm]`` among a grid's masked cells followed
-        by its path sums of 2 .. n+1 hops, f^(h+1) = f^(h) f / 81 over the masked intermediate cells
+        by its walk sums of 2 .. n+1 hops, f^(h+1) = f^(h) f / 81 over the masked intermediate cells
         (``[B, 2(n+1), Lm, Lm]``), among the rows ``rows_BK`` only if given (``[B, 2(n+1), K, K]``); without: ``f_BNLL``
         (among ``rows_BK`` if given)."""
         if f_BNLL is None:
@@ -466,7 +475,7 @@ class MIHead(nn.Module):
             cand = candidates_BL.to(dev).gather(1, idx)  # [B, Lm]
             rows = torch.argsort((~cand).to(torch.int8), dim=1, stable=True)[:, :Kc]  # candidates first
             keep = cand.gather(1, rows)
-            if self.config.constraint_hops:  # the path sums read the feature among every masked cell
+            if self.config.constraint_hops:  # the walk sums read the feature among every masked cell
                 f = self._with_hops(self._feature(probs_BLV, masked_BL, idx, sub_m), rows)
                 f = f * (keep[:, None, :, None] & keep[:, None, None, :])
             else:
@@ -498,14 +507,17 @@ class MIHead(nn.Module):
                 of all masked pairs: the same values between candidates up
                 to float rounding (the two-hop sum over every masked k still runs), zero elsewhere
                 (and everywhere in a sequence with fewer than two candidates). With |C| candidates
-                among |M| masked positions this costs ~|C|·|M| pair evaluations instead of |M|²/2.
+                among |M| masked positions this costs ~|C|·|M| pair evaluations instead of |M|²/2; a head with
+                ``graph_rounds`` computes the full matrix (its rounds read every masked pair) and returns it among
+                the candidates.
 
         Returns:
             ``[B, L, L]`` float32, symmetric, ≥ 0, zero on the diagonal and at unmasked positions (and,
             with ``candidates_BL``, off candidate pairs).
 
         Raises:
-            ValueError: ``entropy_BL`` or a needed ``probs_BLV`` missing, L > ``max_len``, or shapes disagree.
+            ValueError: ``entropy_BL`` or a needed ``probs_BLV`` missing, L > ``max_len``, L other than 81 for
+                ``graph_rounds``, or shapes disagree.
         """
         c = self.config
         B, L, D = hidden_BLD.shape
@@ -516,6 +528,8 @@ class MIHead(nn.Module):
         if c.pos_dim and c.positions == "absolute" and L > c.max_len:
             raise ValueError(f"sequence length {L} exceeds the head's max_len={c.max_len}; "
                              "train a head with a larger max_len")
+        if c.graph_rounds and L != sd.N_CELLS:
+            raise ValueError(f"a head with graph_rounds reads Sudoku grids of {sd.N_CELLS} cells, got length {L}")
         if c.bound != "none" and entropy_BL is None:
             raise ValueError("this head bounds MI by the marginal entropies: pass entropy_BL")
         if entropy_BL is not None and entropy_BL.shape != (B, L):
