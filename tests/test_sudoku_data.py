@@ -216,6 +216,51 @@ def test_solve_wiki_puzzle():
     assert S.format_grid(S.solve(S.parse_grid(WIKI_PUZZLE))) == WIKI_SOLUTION
 
 
+def _singles_left(g: np.ndarray) -> tuple[int, int]:
+    """(naked singles, hidden singles) still available in grid ``g``, counted independently of the solver."""
+    cand = np.ones((81, 9), dtype=bool)
+    for i in np.flatnonzero(g):
+        cand[i] = False
+        cand[S.PEERS[i], g[i] - 1] = False
+    naked = int((cand.sum(1) == 1).sum())
+    hidden = sum(int(cand[u, d].sum() == 1) for u in S.UNITS for d in range(9))
+    return naked, hidden
+
+
+def test_fill_singles_solves_easy_and_stops_where_singles_end():
+    wiki = S.parse_grid(WIKI_PUZZLE)
+    assert S.format_grid(S.fill_singles(wiki)) == WIKI_SOLUTION
+    one_blank = S.parse_grid(WIKI_SOLUTION)
+    one_blank[40] = 0
+    assert S.format_grid(S.fill_singles(one_blank)) == WIKI_SOLUTION  # a naked single
+    hard = S.parse_grid(HARD)
+    f = S.fill_singles(hard)
+    assert f.dtype == np.int8 and (f == 0).any()
+    assert np.all((f == 0) | (f == S.solve(hard))) and np.all((hard == 0) | (f == hard))  # sound, keeps givens
+    assert _singles_left(f) == (0, 0) and np.array_equal(S.fill_singles(f), f)  # a fixed point
+
+
+def test_fill_singles_places_a_hidden_single():
+    # digit 1 is barred from row 0's cells 1-8 (by columns 1, 2 and boxes 1, 2), so it must go to cell 0,
+    # which itself still has all nine candidates: only the hidden-single rule places it (nothing else follows)
+    g = np.zeros(81, dtype=np.int8)
+    for r, c in [(1, 3), (2, 6), (4, 1), (7, 2)]:
+        g[9 * r + c] = 1
+    assert _singles_left(g) == (0, 3)  # row 0, column 0 and box 0 each leave 1 only cell 0
+    f = S.fill_singles(g)
+    assert np.flatnonzero(f != g).tolist() == [0] and f[0] == 1
+
+
+def test_fill_singles_on_random_puzzles_and_bad_input():
+    for p in S.make_puzzles(20, (24, 35), np.random.default_rng(12)):
+        f = S.fill_singles(p.puzzle)
+        assert np.all((f == 0) | (f == p.solution)) and _singles_left(f) == (0, 0)
+    bad = np.zeros(81, dtype=np.int8)
+    bad[[0, 1]] = 5
+    with pytest.raises(SudokuError, match="breaks a rule"):
+        S.fill_singles(bad)
+
+
 def test_count_solutions():
     empty = np.zeros(81, dtype=np.int8)
     assert S.count_solutions(empty, limit=5) == 5

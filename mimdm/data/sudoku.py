@@ -48,6 +48,7 @@ __all__ = [
     "is_completion_of",
     "solve",
     "solve_stats",
+    "fill_singles",
     "count_solutions",
     "enumerate_completions",
     "random_solutions",
@@ -92,6 +93,7 @@ _ROW = [i // 9 for i in range(N_CELLS)]
 _COL = [i % 9 for i in range(N_CELLS)]
 _BOX = [(i // 27) * 3 + (i % 9) // 3 for i in range(N_CELLS)]
 _RCB = [(_ROW[i], _COL[i], _BOX[i]) for i in range(N_CELLS)]
+_UNIT_LISTS = [u.tolist() for u in UNITS]
 
 
 def _build_peers() -> np.ndarray:
@@ -475,6 +477,62 @@ def solve_stats(grid) -> tuple[np.ndarray | None, int]:
     out: list = []
     _, dead = _search(g, 1, collect=out)
     return (np.array(out[0], dtype=np.int8) if out else None), int(dead)
+
+
+def fill_singles(grid) -> np.ndarray:
+    """Fill ``grid`` with naked and hidden singles until neither applies; return ``[81]`` int8.
+
+    A naked single is an empty cell with one candidate digit left (no peer holds it); a hidden
+    single is a digit that has one possible cell left in some row, column or box. Both are
+    placed repeatedly until no cell changes. The result keeps the givens; blanks (0) remain
+    where these two rules alone do not reach. For a unique puzzle, a full result is its
+    solution: ``(fill_singles(p) == 0).any()`` tells the puzzles that need more than singles
+    (pairs, fish, chains or search), the ones sequential MDM decoding fails on most often.
+
+    Raises:
+        SudokuError: bad shape/dtype/values, or givens that break a rule.
+    """
+    g = _as_grid(grid).tolist()
+    if rule_violations(np.array(g, dtype=np.int8)):
+        raise SudokuError("the grid breaks a rule; singles are defined on a consistent grid")
+    rows, cols, boxes = [0] * 9, [0] * 9, [0] * 9
+    RCB = _RCB
+    for i, v in enumerate(g):
+        if v:
+            r, c, b = RCB[i]
+            bit = 1 << (v - 1)
+            rows[r] |= bit
+            cols[c] |= bit
+            boxes[b] |= bit
+    units = _UNIT_LISTS
+
+    def place(i: int, d: int) -> None:
+        g[i] = d
+        r, c, b = RCB[i]
+        bit = 1 << (d - 1)
+        rows[r] |= bit
+        cols[c] |= bit
+        boxes[b] |= bit
+
+    changed = True
+    while changed:
+        changed = False
+        for i in range(N_CELLS):  # naked singles
+            if not g[i]:
+                r, c, b = RCB[i]
+                m = 511 & ~(rows[r] | cols[c] | boxes[b])
+                if _POP[m] == 1:
+                    place(i, m.bit_length())
+                    changed = True
+        for unit in units:  # hidden singles
+            for d in range(1, 10):
+                bit = 1 << (d - 1)
+                spots = [i for i in unit if not g[i]
+                         and not (rows[RCB[i][0]] | cols[RCB[i][1]] | boxes[RCB[i][2]]) & bit]
+                if len(spots) == 1:
+                    place(spots[0], d)
+                    changed = True
+    return np.array(g, dtype=np.int8)
 
 
 def count_solutions(grid, limit: int = 2) -> int:
