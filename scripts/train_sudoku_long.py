@@ -4,13 +4,16 @@
 Trains one of `mimdm.pipelines.long_run.RUNS` (``--run long``: `long_run_configs`; ``--run relation``:
 `relation_run_configs`; ``--run relation24``: the same over 24,000 steps, the shipped `cpu` model;
 ``--run deep24``: relation24 with 7 layers; ``--run deep32``: deep24 continued from its final state in a second
-schedule cycle, `mimdm.pipelines.long_run.CONTINUES`) in ``--state-dir`` (default ``checkpoints/<the run's folder>``:
-``sudoku_cpu_long``, ``sudoku_cpu_relation``, ``sudoku_cpu_relation24``, ``sudoku_cpu_deep24`` or ``sudoku_cpu_deep32``), checkpointing ``state.pt`` atomically every 500 steps and
+schedule cycle, `mimdm.pipelines.long_run.CONTINUES`; ``--run hard30``: relation24 continued the same way on puzzles
+that singles do not solve) in ``--state-dir`` (default ``checkpoints/<the run's folder>``:
+``sudoku_cpu_long``, ``sudoku_cpu_relation``, ``sudoku_cpu_relation24``, ``sudoku_cpu_deep24``, ``sudoku_cpu_deep32``
+or ``sudoku_cpu_hard30``), checkpointing ``state.pt`` atomically every 500 steps and
 appending the solve-rate curve to ``curve.jsonl`` every ``--eval-every`` steps. Run it again with
 the same arguments to continue exactly where it stopped. Example (low priority, one core):
 
     nice -n 19 .venv/bin/python scripts/train_sudoku_long.py --run relation24 --threads 1 --hours 2.5
     .venv/bin/python scripts/train_sudoku_long.py --run deep24 --threads 2 --zoo-eval 1000   # evaluate, no training
+    .venv/bin/python scripts/train_sudoku_long.py --run hard30 --threads 2 --dev-eval 200    # the development set
 """
 from __future__ import annotations
 
@@ -26,7 +29,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mimdm.pipelines.long_run import CONTINUES, RUNS, run_long_training, state_solve_rate  # noqa: E402
+from mimdm.pipelines.long_run import (CONTINUES, RUNS, run_long_training, state_dev_solve_rate,  # noqa: E402
+                                      state_solve_rate)
 
 
 def main(argv=None) -> int:
@@ -50,9 +54,15 @@ def main(argv=None) -> int:
     ap.add_argument("--zoo-eval", type=int, default=None, metavar="N",
                     help="do not train: print the zoo's solve rate of the run's current state on N 30-35-clue puzzles "
                     "(mimdm.pipelines.long_run.state_solve_rate) as JSON")
+    ap.add_argument("--dev-eval", type=int, default=None, metavar="N",
+                    help="do not train: print the solve rate of the run's current state on N development puzzles that "
+                    "singles do not solve (mimdm.pipelines.long_run.state_dev_solve_rate) as JSON")
     args = ap.parse_args(argv)
-    if args.zoo_eval is not None and args.zoo_eval < 1:
-        ap.error("--zoo-eval must be >= 1")
+    if args.zoo_eval is not None and args.dev_eval is not None:
+        ap.error("give --zoo-eval or --dev-eval, not both")
+    for flag, n in (("--zoo-eval", args.zoo_eval), ("--dev-eval", args.dev_eval)):
+        if n is not None and n < 1:
+            ap.error(f"{flag} must be >= 1")
     if args.threads < 1:
         ap.error("--threads must be >= 1")
     if args.hours is not None and args.hours <= 0:
@@ -61,10 +71,13 @@ def main(argv=None) -> int:
     configs, folder = RUNS[args.run]
     model_cfg, train_cfg, curriculum = configs()
     state_dir = args.state_dir or ROOT / "checkpoints" / folder
-    if args.zoo_eval is not None:
+    if args.zoo_eval is not None or args.dev_eval is not None:
         for attempt in range(2):  # a run training beside this may be replacing its state.pt and its checksum
             try:
-                print(json.dumps(state_solve_rate(state_dir, args.zoo_eval, args.device)))
+                if args.zoo_eval is not None:
+                    print(json.dumps(state_solve_rate(state_dir, args.zoo_eval, args.device)))
+                else:
+                    print(json.dumps(state_dev_solve_rate(state_dir, args.dev_eval, args.device)))
                 return 0
             except FileNotFoundError as e:
                 print(f"error: {e}", file=sys.stderr)

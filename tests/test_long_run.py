@@ -79,6 +79,27 @@ def test_pool_cache_is_reproducible_and_checked(tmp_path):
         load_or_build_pool(replace(SMALL_POOL, seed=4), tmp_path / "pool.npz", progress=False)
 
 
+def test_beyond_singles_pool_holds_only_puzzles_singles_do_not_solve(tmp_path, monkeypatch):
+    import mimdm.data.curriculum as cur
+
+    cfg = CurriculumConfig(fraction=0.5, pool_size=5, clues=(28, 31), seed=9, beyond_singles=True)
+    pool = load_or_build_pool(cfg, tmp_path / "hard.npz", progress=False)
+    assert len(pool) == 5 and all(sd.count_solutions(p) == 1 for p in pool.puzzles)
+    assert all((sd.fill_singles(p) == 0).any() for p in pool.puzzles)
+    assert all(28 <= (p > 0).sum() <= 31 for p in pool.puzzles)
+    plain = cur.build_pool(replace(cfg, beyond_singles=False), progress=False)
+    assert not all((sd.fill_singles(p) == 0).any() for p in plain.puzzles)  # unfiltered: most are singles-solvable
+    # the flag enters the config's identity only when set: older pools, runs and artifact keys keep theirs
+    assert "beyond_singles" not in SMALL_POOL.to_dict() and cfg.to_dict()["beyond_singles"] is True
+    with pytest.raises(ValueError, match="another configuration"):
+        load_or_build_pool(replace(cfg, beyond_singles=False), tmp_path / "hard.npz", progress=False)
+    with pytest.raises(ValueError, match="must be a bool"):
+        CurriculumConfig(beyond_singles=1)
+    monkeypatch.setattr(cur, "MAX_SINGLES_TRIES", 1)
+    with pytest.raises(sd.SudokuError, match="singles do not solve in 1 tries"):
+        cur.build_pool(replace(cfg, pool_size=40, clues=(35, 35)), progress=False)
+
+
 def test_wsd_schedule_and_default_config_dict_unchanged():
     cfg = TrainConfig(steps=100, lr=1.0, warmup=10, min_lr_ratio=0.1, schedule="wsd", decay_frac=0.2)
     assert cfg.decay_start() == 80
@@ -198,6 +219,13 @@ def test_continuation_starts_from_the_finished_run_and_resumes_exactly(tmp_path)
     sc = torch.load(tmp_path / "c" / "state.pt", weights_only=True)
     assert [g["weight_decay"] for g in sc["optimizer"]["param_groups"]] == [0.5]
     assert sp["optimizer"]["param_groups"][0]["weight_decay"] == first.weight_decay == 0.01
+    # a continuation may change the curriculum (a second cycle on other puzzles): it builds its own pool
+    other = replace(SMALL_POOL, seed=4)
+    run_long_training(tmp_path / "d", TINY, second, other, init_from=tmp_path / "p", stop_after=5, **kw)
+    conf = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert conf["curriculum"] == other.to_dict() and conf["continues"]["folder"] == "p"
+    pd, pp = (np.load(tmp_path / d / "puzzle_pool.npz") for d in ("d", "p"))
+    assert json.loads(str(pd["config"])) == other.to_dict() and not np.array_equal(pd["puzzles"], pp["puzzles"])
 
 
 def test_adopted_long_run_is_the_zoo_model_of_its_configuration(tmp_path):
@@ -291,6 +319,19 @@ def test_deep32_continues_deep24_in_a_second_cycle():
     assert RUNS["deep32"] == (deep32_run_configs, "sudoku_cpu_deep32")
 
 
+def test_hard30_continues_relation24_on_puzzles_singles_do_not_solve():
+    from dataclasses import replace
+
+    from mimdm.pipelines.long_run import CONTINUES, RUNS, hard30_run_configs, relation24_run_configs
+
+    (mh, th, ch), (m24, t24, c24) = hard30_run_configs(), relation24_run_configs()
+    assert mh == m24 and CONTINUES["hard30"] == "relation24"
+    assert replace(th, steps=t24.steps, cycle_start=0, lr=t24.lr, warmup=t24.warmup, decay_frac=t24.decay_frac) == t24
+    assert (th.cycle_start, th.steps, th.decay_start()) == (24_000, 30_000, 28_500)
+    assert ch.beyond_singles and not c24.beyond_singles and (ch.fraction, ch.clues, ch.seed) == (0.5, (24, 35), 778)
+    assert RUNS["hard30"] == (hard30_run_configs, "sudoku_cpu_hard30")
+
+
 def test_state_solve_rate_is_the_zoo_evaluation_of_the_current_state(tmp_path, monkeypatch):
     from mimdm.pipelines import long_run
     from mimdm.pipelines.long_run import state_solve_rate
@@ -314,6 +355,35 @@ def test_state_solve_rate_is_the_zoo_evaluation_of_the_current_state(tmp_path, m
         state_solve_rate(tmp_path / "missing", 3)
 
 
+def test_state_dev_solve_rate_counts_the_solved_development_puzzles(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from mimdm.data.curriculum import build_pool
+    from mimdm.pipelines import long_run
+    from mimdm.pipelines.zoo import grids_to_tokens
+
+    torch.manual_seed(0)
+    (tmp_path / "config.json").write_text(json.dumps({"model": TINY.to_dict()}))
+    torch.save({"model": SudokuMDM(TINY).state_dict(), "step": 9}, tmp_path / "state.pt")
+    clues, seed = long_run.DEV_BEYOND_SINGLES
+    pool = build_pool(CurriculumConfig(pool_size=4, clues=clues, seed=seed, beyond_singles=True), progress=False)
+    seen = []
+
+    def fake_decode(model, tokens, rule):  # solves every puzzle but the second; keeps the givens it was given
+        seen.append(tokens)
+        out = pool.solutions.copy()
+        out[1] = pool.puzzles[1]
+        return SimpleNamespace(tokens=grids_to_tokens(out, model.device))
+
+    monkeypatch.setattr(long_run, "decode", fake_decode)
+    got = long_run.state_dev_solve_rate(tmp_path, 4)
+    assert torch.equal(seen[0], grids_to_tokens(pool.puzzles, "cpu"))  # the development puzzles, in order
+    assert got == {"step": 9, "n_puzzles": 4, "n_solved": 3, "solve_rate": 0.75, "clues": [30, 35], "seed": seed,
+                   "failed": [1]}
+    with pytest.raises(ValueError, match="n_puzzles must be >= 1"):
+        long_run.state_dev_solve_rate(tmp_path, 0)
+
+
 def test_zoo_eval_of_a_folder_without_state_exits_2(tmp_path, capsys):
     import importlib.util
     from pathlib import Path
@@ -323,6 +393,9 @@ def test_zoo_eval_of_a_folder_without_state_exits_2(tmp_path, capsys):
     spec.loader.exec_module(tsl)
     assert tsl.main(["--run", "deep24", "--state-dir", str(tmp_path), "--zoo-eval", "5"]) == 2
     assert "not a long run's folder" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
-        tsl.main(["--zoo-eval", "0"])
-    assert e.value.code == 2
+    assert tsl.main(["--run", "hard30", "--state-dir", str(tmp_path), "--dev-eval", "5"]) == 2
+    assert "not a long run's folder" in capsys.readouterr().err
+    for bad in (["--zoo-eval", "0"], ["--dev-eval", "0"], ["--zoo-eval", "5", "--dev-eval", "5"]):
+        with pytest.raises(SystemExit) as e:
+            tsl.main(bad)
+        assert e.value.code == 2
