@@ -254,6 +254,43 @@ def test_adopted_long_run_is_the_zoo_model_of_its_configuration(tmp_path):
         assert torch.equal(a, b), k
 
 
+@pytest.mark.slow
+def test_adopted_continuation_is_the_zoo_model_of_its_two_stages(tmp_path):
+    """A finished continuation (a second cycle on another curriculum), adopted, is what the zoo loads for the two
+    stages, and the zoo training both from scratch (the first keeping its final state) gives the same weights."""
+    from mimdm.pipelines.long_run import adopt
+    from mimdm.pipelines.zoo import load_or_train_sudoku_mdm, sudoku_mdm_dir
+
+    first = TrainConfig(steps=4, batch_size=8, lr=1e-3, warmup=2, schedule="wsd", decay_frac=0.5, seed=5,
+                        ckpt_every=2, log_every=1)
+    second = replace(first, steps=8, cycle_start=4, lr=2e-3, warmup=2)
+    other = replace(SMALL_POOL, seed=4)
+    kw = dict(eval_every=2, eval_puzzles=2, progress=False)
+    run_long_training(tmp_path / "p", TINY, first, SMALL_POOL, **kw)
+    run_long_training(tmp_path / "c", TINY, second, other, init_from=tmp_path / "p", **kw)
+    path = adopt(tmp_path / "c", n_eval=3, root=tmp_path / "cache")
+    assert path == sudoku_mdm_dir(TINY, second, tmp_path / "cache", other, first=(first, SMALL_POOL)) / "model.pt"
+    model, rec = load_or_train_sudoku_mdm(TINY, second, n_eval=3, root=tmp_path / "cache", train=False,
+                                          curriculum=other, first=(first, SMALL_POOL))
+    assert rec["trained_on"]["long_run"]["continues"]["folder"] == "p"
+    fresh, frec = load_or_train_sudoku_mdm(TINY, second, n_eval=3, progress=False, root=tmp_path / "fresh",
+                                           curriculum=other, first=(first, SMALL_POOL))
+    for (k, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(a, b), k
+    d1 = sudoku_mdm_dir(TINY, first, tmp_path / "fresh", SMALL_POOL, create=False)
+    assert (d1 / "model.pt").is_file() and (d1 / "train_state.pt").is_file()  # the first stage keeps its state
+    assert frec["trained_on"]["continues"]["artifact"] == d1.name
+    assert [e["step"] for e in frec["log"]] == list(range(1, 9))  # one log over both stages
+    with pytest.raises(ValueError, match="continues a first stage"):
+        sudoku_mdm_dir(TINY, second, tmp_path / "x")
+    with pytest.raises(ValueError, match="one-cycle training of 4 steps"):
+        sudoku_mdm_dir(TINY, second, tmp_path / "x", first=(replace(first, steps=5), None))
+    (d1 / "train_state.pt").unlink()  # a first stage cached without its state cannot be continued
+    with pytest.raises(FileNotFoundError, match="delete .* to retrain it"):
+        load_or_train_sudoku_mdm(TINY, replace(second, steps=9), n_eval=3, progress=False, root=tmp_path / "fresh",
+                                 curriculum=other, first=(first, SMALL_POOL))
+
+
 def test_run_curves_reads_each_committed_run_in_order(tmp_path):
     from mimdm.pipelines.long_run import RUNS, run_curves
 

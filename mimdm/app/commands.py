@@ -183,7 +183,8 @@ def _load_sudoku(p, dev):
     try:
         return profile_sudoku_mdm(p, device=dev, progress=False, train=False)
     except FileNotFoundError:
-        d = sudoku_mdm_dir(p.sudoku_model, p.sudoku_train, curriculum=p.sudoku_curriculum, create=False)
+        d = sudoku_mdm_dir(p.sudoku_model, p.sudoku_train, curriculum=p.sudoku_curriculum, create=False,
+                           first=getattr(p, "sudoku_first_stage", None))
         partial = " (a training run was interrupted; `mimdm train` resumes it)" if (d / "train_state.pt").exists() else ""
         raise CLIError(f"no trained Sudoku MDM for profile {p.name!r} under {artifacts_root()} (looked for "
                        f"{d / 'model.pt'}){partial}; run `mimdm train --profile {p.name} --what sudoku` first "

@@ -28,6 +28,8 @@ class Profile:
         sudoku_model: architecture of the Sudoku MDM.
         sudoku_train: its training settings.
         sudoku_curriculum: its puzzle-mask curriculum (`mimdm.data.curriculum`), None for random masks only.
+        sudoku_first_stage: for a model trained in two warmup-stable-decay cycles (``sudoku_train.cycle_start`` > 0),
+            the first cycle's training config and curriculum (`mimdm.pipelines.zoo.load_or_train_sudoku_mdm`).
         solve_eval_puzzles: number of 30-35-clue unique puzzles used to measure the solve rate.
         probe_contexts: contexts per masking level in the ground-truth MI chapter.
         probe_batch_tokens: token budget of one probing forward (batch size x length): the
@@ -75,6 +77,7 @@ class Profile:
     sudoku_model: SudokuMDMConfig
     sudoku_train: TrainConfig
     sudoku_curriculum: CurriculumConfig | None = None
+    sudoku_first_stage: tuple[TrainConfig, CurriculumConfig | None] | None = None
     solve_eval_puzzles: int = 200
     probe_contexts: int = 8
     probe_batch_tokens: int = 81 * 512

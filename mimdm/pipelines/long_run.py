@@ -453,14 +453,16 @@ def adopt(state_dir: Path, n_eval: int, root: Path | None = None) -> Path:
     zoo gives the same weights up to floating-point nondeterminism: the run resumes exactly, its evaluations do not
     touch the training state, and a re-planned length (``config.json`` ``extended``) only moved the start of the
     final decay, which had not begun. A continuation (``cycle_start`` > 0, ``config.json`` ``continues``, recorded in
-    ``trained_on["long_run"]``) is the exception: the zoo does not train it from scratch, since it starts from its
-    source run's state.
+    ``trained_on["long_run"]``) goes to the zoo's folder of a second cycle whose first stage is the source run's
+    configuration (read from the source folder beside it, ``../<continues.folder>/config.json``): the zoo trains the
+    same two stages from scratch, the second from the first's final state, as the run did.
 
     Returns:
         The written ``model.pt``.
 
     Raises:
-        FileNotFoundError: the run has no ``model.pt`` (not finished).
+        FileNotFoundError: the run has no ``model.pt`` (not finished), or a continuation's source folder has no
+            ``config.json``.
     """
 
     state_dir = Path(state_dir)
@@ -476,7 +478,13 @@ def adopt(state_dir: Path, n_eval: int, root: Path | None = None) -> Path:
     ev = solve_rate(model, n_eval)
     trained_on = {**json.loads(ck["trained_on"]), "curve": read_curve(state_dir / "curve.jsonl"),
                   "long_run": {k: cfg.get(k) for k in ("started_from_commit", "extended", "eval", "continues")}}
-    d = sudoku_mdm_dir(model_cfg, train_cfg, root, curriculum)
+    first = None
+    if cfg.get("continues"):  # the zoo's key of a second cycle names its first stage's configuration
+        parent = json.loads((state_dir.parent / cfg["continues"]["folder"] / "config.json").read_text())
+        pc = parent.get("curriculum")
+        first = (TrainConfig(**parent["train"]),
+                 None if pc is None else CurriculumConfig(**{**pc, "clues": tuple(pc["clues"])}))
+    d = sudoku_mdm_dir(model_cfg, train_cfg, root, curriculum, first=first)
     atomic_save({**ck, "eval": json.dumps(ev), "trained_on": json.dumps(trained_on)}, d / "model.pt")
     return d / "model.pt"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mimdm.core.artifacts import artifact_dir, atomic_save, load_checkpoint
+from mimdm.core.artifacts import artifact_dir, atomic_save, file_sha256, load_checkpoint
 from mimdm.core.device import apply_precision, resolve_device
 from mimdm.core.shipped import refuse_training
 from mimdm.data import sudoku as sd
@@ -79,15 +79,44 @@ def solve_rate(model: SudokuMDM, n_puzzles: int, clues=EVAL_CLUES, seed: int = E
             "clues": list(clues), "nfe_mean": float(res.nfe.float().mean()), "seconds": round(dt, 2)}
 
 
+#: A first training stage that a second schedule cycle continues: its training config and curriculum (None: random
+#: masks only).
+FirstStage = tuple[TrainConfig, CurriculumConfig | None]
+
+
+def _check_stages(train_cfg: TrainConfig, first: FirstStage | None) -> None:
+    if first is None:
+        if train_cfg.cycle_start:
+            raise ValueError(f"a training cycle from step {train_cfg.cycle_start} continues a first stage; pass first="
+                             "(its TrainConfig, its curriculum)")
+        return
+    t1 = first[0]
+    if not train_cfg.cycle_start or t1.steps != train_cfg.cycle_start or t1.cycle_start:
+        raise ValueError(f"first must be a one-cycle training of {train_cfg.cycle_start} steps (the second cycle's "
+                         f"cycle_start); got {t1.steps} steps from step {t1.cycle_start}")
+    if t1.batch_size != train_cfg.batch_size:
+        raise ValueError(f"the two stages must share the batch size, got {t1.batch_size} and {train_cfg.batch_size}")
+
+
 def sudoku_mdm_dir(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig, root: Path | None = None,
-                   curriculum: CurriculumConfig | None = None, create: bool = True) -> Path:
+                   curriculum: CurriculumConfig | None = None, create: bool = True,
+                   first: FirstStage | None = None) -> Path:
     """Artifact folder of the Sudoku MDM with these configurations (``curriculum``: the puzzle-mask curriculum it
     was trained with, `mimdm.data.curriculum`; None: random masks only, and the key of earlier models;
-    ``create=False``: only the path, for a read-only lookup)."""
+    ``create=False``: only the path, for a read-only lookup; ``first``: the first stage a second schedule cycle
+    continues, ``train_cfg.cycle_start`` > 0, see `load_or_train_sudoku_mdm`).
+
+    Raises:
+        ValueError: ``first`` missing for a second cycle, given for a first one, or not ``cycle_start`` steps long.
+    """
+    _check_stages(train_cfg, first)
     cfg = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "data": sd.GENERATOR_ID,
            "objective": OBJECTIVE_VERSION}
     if curriculum is not None:
         cfg["curriculum"] = curriculum.to_dict()
+    if first is not None:
+        cfg["continues"] = {"train": first[0].to_dict(),
+                            **({} if first[1] is None else {"curriculum": first[1].to_dict()})}
     return artifact_dir("sudoku_mdm", f"d{model_cfg.d_model}-l{model_cfg.n_layers}", cfg, root, create)
 
 
@@ -119,11 +148,18 @@ def load_sudoku_mdm(path: Path, device="cpu") -> tuple[SudokuMDM, dict]:
 def load_or_train_sudoku_mdm(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig, device="cpu",
                              n_eval: int = 200, progress: bool = True, root: Path | None = None,
                              train: bool = True, precision: str = "auto",
-                             curriculum: CurriculumConfig | None = None) -> tuple[SudokuMDM, dict]:
+                             curriculum: CurriculumConfig | None = None, first: FirstStage | None = None,
+                             keep_state: bool = False) -> tuple[SudokuMDM, dict]:
     """The Sudoku MDM of these configurations: loaded from the artifact cache, else trained.
 
     With a ``curriculum`` part of each batch is puzzle-shaped masks from its puzzle pool (built once into the
     model's artifact folder; `mimdm.data.curriculum.curriculum_batch`), the rest random grids masked at random.
+
+    With ``first`` (``train_cfg.cycle_start`` > 0) the model is a second warmup-stable-decay cycle: the first stage
+    (this model config, ``first``'s training config and curriculum) is loaded or trained first, keeping its final
+    training state, and the second stage starts from that state (weights, AdamW moments, RNG and data position) under
+    ``train_cfg`` and ``curriculum``, as `mimdm.pipelines.long_run.run_long_training` does with ``init_from``.
+    ``keep_state``: keep the final ``train_state.pt`` (what a second stage continues) instead of deleting it.
 
     The returned model computes forward passes in ``precision`` (`mimdm.core.device.apply_precision`:
     ``"auto"`` is bf16 autocast on a CUDA device that supports it, fp32 otherwise); training and
@@ -134,10 +170,12 @@ def load_or_train_sudoku_mdm(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig,
     with the configs, training log and evaluation.
 
     Raises:
-        FileNotFoundError: ``train=False`` and no trained model is cached.
+        FileNotFoundError: ``train=False`` and no trained model is cached; or the cached first stage has no final
+            training state (it was trained without ``keep_state``): delete its folder to retrain it.
+        ValueError: as `sudoku_mdm_dir` (``first`` inconsistent with ``train_cfg``).
     """
     dev = resolve_device(device)
-    d = sudoku_mdm_dir(model_cfg, train_cfg, root, curriculum, create=train)
+    d = sudoku_mdm_dir(model_cfg, train_cfg, root, curriculum, create=train, first=first)
     final = d / "model.pt"
     if final.exists():
         model, rec = load_sudoku_mdm(final, dev)
@@ -145,11 +183,26 @@ def load_or_train_sudoku_mdm(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig,
     if not train:
         raise FileNotFoundError(f"no trained Sudoku MDM at {final}; run `mimdm train` or pass train=True")
     refuse_training(d, "Sudoku MDM")
+    state = d / "train_state.pt"
+    continues = None
+    if first is not None:
+        load_or_train_sudoku_mdm(model_cfg, first[0], device=device, n_eval=n_eval, progress=progress, root=root,
+                                 curriculum=first[1], keep_state=True)
+        d1 = sudoku_mdm_dir(model_cfg, first[0], root, first[1], create=False)
+        src = d1 / "train_state.pt"
+        if not src.is_file():
+            raise FileNotFoundError(f"{d1} holds the first stage's model but not its final training state, which the "
+                                    f"second stage continues; delete {d1} to retrain it")
+        continues = {"artifact": d1.name, "state_sha256": file_sha256(src)}
+        if not state.exists():
+            st = load_checkpoint(src)
+            st["train_config"] = json.dumps(train_cfg.to_dict())  # the same state, trained on under this schedule
+            atomic_save(st, state)
     torch.manual_seed(train_cfg.seed)
     model = SudokuMDM(model_cfg).to(dev)
     sample = sudoku_batch if curriculum is None else curriculum_batch(
         load_or_build_pool(curriculum, d / "puzzle_pool.npz", progress), curriculum.fraction)
-    log = train_mdm(model, sample, train_cfg, d / "train_state.pt", progress=progress)
+    log = train_mdm(model, sample, train_cfg, state, progress=progress)
     ev = solve_rate(model, n_eval)
     atomic_save({
         "kind": "sudoku_mdm", "state_dict": model.state_dict(),
@@ -157,9 +210,11 @@ def load_or_train_sudoku_mdm(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig,
         "log": json.dumps(log), "eval": json.dumps(ev),
         "trained_on": json.dumps({"device": str(dev), "torch": torch.__version__, "data": sd.GENERATOR_ID,
                                   "objective": OBJECTIVE_VERSION,
-                                  **({} if curriculum is None else {"curriculum": curriculum.to_dict()})}),
+                                  **({} if curriculum is None else {"curriculum": curriculum.to_dict()}),
+                                  **({} if continues is None else {"continues": continues})}),
     }, final)
-    (d / "train_state.pt").unlink(missing_ok=True)
+    if not keep_state:
+        state.unlink(missing_ok=True)
     model, rec = load_sudoku_mdm(final, dev)
     return apply_precision(model, precision), rec
 
@@ -167,11 +222,12 @@ def load_or_train_sudoku_mdm(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig,
 def profile_sudoku_mdm(profile, device="cpu", progress: bool = True, train: bool = True,
                        precision: str = "auto") -> tuple[SudokuMDM, dict]:
     """`load_or_train_sudoku_mdm` with a `mimdm.app.profiles.Profile`'s settings: ``sudoku_model``, ``sudoku_train``,
-    ``sudoku_curriculum`` and ``solve_eval_puzzles`` (the one way chapters, CLI and benchmarks get the profile's
-    Sudoku MDM)."""
+    ``sudoku_curriculum``, ``sudoku_first_stage`` and ``solve_eval_puzzles`` (the one way chapters, CLI and
+    benchmarks get the profile's Sudoku MDM)."""
     return load_or_train_sudoku_mdm(profile.sudoku_model, profile.sudoku_train, device=device,
                                     n_eval=profile.solve_eval_puzzles, progress=progress, train=train,
-                                    precision=precision, curriculum=profile.sudoku_curriculum)
+                                    precision=precision, curriculum=profile.sudoku_curriculum,
+                                    first=getattr(profile, "sudoku_first_stage", None))
 
 
 def chapter_sudoku_mdm(profile, device="cpu", model_path: str | Path | None = None, progress: bool = False,
