@@ -436,3 +436,21 @@ def test_zoo_eval_of_a_folder_without_state_exits_2(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             tsl.main(bad)
         assert e.value.code == 2
+
+
+def test_long_run_dev_pairs_runs_with_an_exact_mcnemar_test(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("lrd", Path(__file__).parent.parent / "scripts" / "long_run_dev.py")
+    lrd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lrd)
+    ref = np.array([True] * 4 + [False] * 6 + [True, False])
+    other = np.array([True] * 4 + [True] * 6 + [False, False])
+    got = lrd.paired(ref, other)
+    # 6 puzzles only the other run solves, 1 only the reference: two-sided exact p = 2 * P(X <= 1), X ~ Bin(7, 1/2)
+    assert got == {"only_reference_solves": 1, "only_this_solves": 6, "mcnemar_p": pytest.approx(2 * 8 / 128)}
+    assert lrd.paired(ref, ref)["mcnemar_p"] == 1.0
+    with pytest.raises(SystemExit) as e:
+        lrd.main(["--runs", "relation24", "nosuchrun"])
+    assert e.value.code == 2 and "unknown run(s) nosuchrun" in capsys.readouterr().err

@@ -365,7 +365,12 @@ def run_long_training(state_dir: Path, model_cfg: SudokuMDMConfig, train_cfg: Tr
 DEV_BEYOND_SINGLES = ((30, 35), 515151)
 
 
-def _state_model(state_dir: Path, device) -> tuple[SudokuMDM, int]:
+def load_state_model(state_dir: Path, device: str | torch.device = "cpu") -> tuple[SudokuMDM, int]:
+    """The model of a long run's current ``state.pt`` (finished or not), in eval mode, and the state's step.
+
+    Raises:
+        FileNotFoundError: the folder has no ``state.pt`` or ``config.json``.
+    """
     state_dir = Path(state_dir)
     for f in ("state.pt", "config.json"):
         if not (state_dir / f).is_file():
@@ -388,7 +393,7 @@ def state_solve_rate(state_dir: Path, n_puzzles: int, device: str | torch.device
     Raises:
         FileNotFoundError: the folder has no ``state.pt`` or ``config.json``.
     """
-    model, step = _state_model(state_dir, device)
+    model, step = load_state_model(state_dir, device)
     with torch.random.fork_rng(devices=[]):
         ev = solve_rate(model, n_puzzles)
     return {"step": step, "n_solved": int(round(ev["solve_rate"] * n_puzzles)), **ev}
@@ -411,7 +416,7 @@ def state_dev_solve_rate(state_dir: Path, n_puzzles: int, device: str | torch.de
     """
     if n_puzzles < 1:
         raise ValueError(f"n_puzzles must be >= 1, got {n_puzzles}")
-    model, step = _state_model(state_dir, device)
+    model, step = load_state_model(state_dir, device)
     clues, seed = DEV_BEYOND_SINGLES
     pool = build_pool(CurriculumConfig(pool_size=n_puzzles, clues=clues, seed=seed, beyond_singles=True), progress)
     with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -489,5 +494,5 @@ def adopt(state_dir: Path, n_eval: int, root: Path | None = None) -> Path:
     return d / "model.pt"
 
 
-__all__ = ["CONTINUES", "DEV_BEYOND_SINGLES", "EVAL_SETS", "RUNS", "adopt", "batch256_run_configs", "deep24_run_configs", "deep32_run_configs", "hard30_run_configs", "long_run_configs", "relation24_run_configs",
+__all__ = ["CONTINUES", "DEV_BEYOND_SINGLES", "EVAL_SETS", "RUNS", "adopt", "batch256_run_configs", "deep24_run_configs", "deep32_run_configs", "hard30_run_configs", "load_state_model", "long_run_configs", "relation24_run_configs",
            "relation_run_configs", "read_curve", "run_curves", "run_long_training", "solve_rate_on", "state_dev_solve_rate", "state_solve_rate"]
