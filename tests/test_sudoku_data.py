@@ -507,3 +507,15 @@ def test_read_puzzles_names_the_bad_line(tmp_path):
             S.read_puzzles(tmp_path / name)
     with pytest.raises(FileNotFoundError, match="puzzle file not found"):
         S.read_puzzles(tmp_path / "nope")
+
+
+def test_sixteen_of_the_zoos_puzzles_need_more_than_singles():
+    """The class the READMEs of the long runs name: the zoo's 200 evaluation puzzles that singles do not solve."""
+    from mimdm.pipelines.zoo import EVAL_CLUES, EVAL_SEED
+
+    puzzles = S.make_puzzles(200, EVAL_CLUES, np.random.default_rng(EVAL_SEED))
+    filled = [S.fill_singles(p.puzzle) for p in puzzles]
+    stuck = [i for i, f in enumerate(filled) if (f == 0).any()]
+    assert stuck == [26, 48, 61, 64, 66, 76, 89, 106, 122, 123, 124, 133, 136, 140, 176, 192]
+    assert all(np.array_equal(f, p.solution) for i, (f, p) in enumerate(zip(filled, puzzles)) if i not in stuck)
+    assert all(_singles_left(filled[i]) == (0, 0) for i in stuck)
