@@ -135,6 +135,13 @@ def test_only_the_main_job_under_a_full_profile_writes_the_record(tmp_path):
     rec = json.loads((tmp_path / "x.json").read_text())
     assert rec["profile"] == "cpu" and rec["values"] == {"a": None} and rec["config"]["name"] == "cpu"
     assert json.loads((tmp_path / "smoke" / "x.json").read_text())["values"] == {"a": 1}
+    import numpy
+    import scipy
+    import torch
+
+    assert {k: rec["versions"][k] for k in ("torch", "numpy", "scipy")} == {
+        "torch": torch.__version__, "numpy": numpy.__version__, "scipy": scipy.__version__}
+    assert "biotite" in rec["versions"]  # the unpinned libraries the chapters' numbers go through are recorded
 
 
 def test_chapter_pages_hide_code_and_explain_every_parameter():

@@ -70,6 +70,24 @@ def run_banner(profile, device: str) -> str:
             f"`cpu`.**\n\n{line}")
 
 
+#: Libraries whose versions a results file records beside Python's and torch's (those installed): the numerical and
+#: bioinformatics libraries the chapters' numbers go through, which the install leaves unpinned.
+RECORDED_LIBRARIES = ("numpy", "scipy", "scikit-learn", "biotite", "pyhmmer", "transformers", "esm")
+
+
+def library_versions() -> dict:
+    """``{"python", "torch", and each installed library of `RECORDED_LIBRARIES`: version string}``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in RECORDED_LIBRARIES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return out
+
+
 def write_results(chapter: str, values: dict, profile, device: str, results_dir: str | Path = "results",
                   record: bool = False, models: dict | None = None) -> Path:
     """Write a chapter's results (`results_path`) and return the path.
@@ -96,7 +114,7 @@ def write_results(chapter: str, values: dict, profile, device: str, results_dir:
         "commit": git_commit(),
         "models": {k: module_sha256(m) for k, m in (models or {}).items()},
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__},
+        "versions": library_versions(),
     }
     path.write_text(json.dumps(rec, indent=2, sort_keys=False) + "\n")
     return path
