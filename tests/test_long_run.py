@@ -254,8 +254,28 @@ def test_adopted_long_run_is_the_zoo_model_of_its_configuration(tmp_path):
         assert torch.equal(a, b), k
 
 
+def test_two_stage_zoo_keys_check_their_stages(tmp_path):
+    from mimdm.pipelines.zoo import sudoku_mdm_dir
+
+    first = TrainConfig(steps=4, batch_size=8, schedule="wsd")
+    second = replace(first, steps=8, cycle_start=4)
+    with pytest.raises(ValueError, match="continues a first stage"):
+        sudoku_mdm_dir(TINY, second, tmp_path, create=False)
+    with pytest.raises(ValueError, match="one-cycle training of 4 steps"):
+        sudoku_mdm_dir(TINY, second, tmp_path, first=(replace(first, steps=5), None), create=False)
+    with pytest.raises(ValueError, match="batch size"):
+        sudoku_mdm_dir(TINY, second, tmp_path, first=(replace(first, batch_size=4), None), create=False)
+    for bad in ((first,), (SMALL_POOL, first), [first, None]):
+        with pytest.raises(ValueError, match="must be a .TrainConfig, CurriculumConfig or None. pair"):
+            sudoku_mdm_dir(TINY, second, tmp_path, first=bad, create=False)
+    a = sudoku_mdm_dir(TINY, second, tmp_path, first=(first, None), create=False)
+    b = sudoku_mdm_dir(TINY, second, tmp_path, first=(first, SMALL_POOL), create=False)
+    assert a != b  # the first stage's curriculum is part of the key
+    assert not (tmp_path / "sudoku_mdm").exists()  # create=False writes nothing
+
+
 @pytest.mark.slow
-def test_adopted_continuation_is_the_zoo_model_of_its_two_stages(tmp_path):
+def test_adopted_continuation_is_the_zoo_model_of_its_two_stages(tmp_path, monkeypatch):
     """A finished continuation (a second cycle on another curriculum), adopted, is what the zoo loads for the two
     stages, and the zoo training both from scratch (the first keeping its final state) gives the same weights."""
     from mimdm.pipelines.long_run import adopt
@@ -281,11 +301,24 @@ def test_adopted_continuation_is_the_zoo_model_of_its_two_stages(tmp_path):
     assert (d1 / "model.pt").is_file() and (d1 / "train_state.pt").is_file()  # the first stage keeps its state
     assert frec["trained_on"]["continues"]["artifact"] == d1.name
     assert [e["step"] for e in frec["log"]] == list(range(1, 9))  # one log over both stages
-    with pytest.raises(ValueError, match="continues a first stage"):
-        sudoku_mdm_dir(TINY, second, tmp_path / "x")
-    with pytest.raises(ValueError, match="one-cycle training of 4 steps"):
-        sudoku_mdm_dir(TINY, second, tmp_path / "x", first=(replace(first, steps=5), None))
-    (d1 / "train_state.pt").unlink()  # a first stage cached without its state cannot be continued
+    # a second stage stopped part-way resumes from its own state, even once the first stage's state is gone
+    part_cfg = replace(second, steps=10)
+    d2 = sudoku_mdm_dir(TINY, part_cfg, tmp_path / "fresh", other, first=(first, SMALL_POOL), create=False)
+    import mimdm.pipelines.zoo as zoo
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):  # stopped after the copy, before training
+        m.setattr(zoo, "train_mdm", interrupted)
+        load_or_train_sudoku_mdm(TINY, part_cfg, n_eval=3, progress=False, root=tmp_path / "fresh", curriculum=other,
+                                 first=(first, SMALL_POOL))
+    assert (d2 / "train_state.pt").is_file() and json.loads((d2 / "continues.json").read_text())["artifact"] == d1.name
+    (d1 / "train_state.pt").unlink()
+    _, rec10 = load_or_train_sudoku_mdm(TINY, part_cfg, n_eval=3, progress=False, root=tmp_path / "fresh",
+                                        curriculum=other, first=(first, SMALL_POOL))
+    assert rec10["trained_on"]["continues"]["artifact"] == d1.name and rec10["log"][-1]["step"] == 10
+    # a first stage cached without its state cannot start a new second stage
     with pytest.raises(FileNotFoundError, match="delete .* to retrain it"):
         load_or_train_sudoku_mdm(TINY, replace(second, steps=9), n_eval=3, progress=False, root=tmp_path / "fresh",
                                  curriculum=other, first=(first, SMALL_POOL))

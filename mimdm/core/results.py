@@ -71,7 +71,7 @@ def run_banner(profile, device: str) -> str:
 
 
 #: Libraries whose versions a results file records beside Python's and torch's (those installed): the numerical and
-#: bioinformatics libraries the chapters' numbers go through, which the install leaves unpinned.
+#: bioinformatics libraries the chapters' numbers go through (all but esm are left unpinned by the install).
 RECORDED_LIBRARIES = ("numpy", "scipy", "scikit-learn", "biotite", "pyhmmer", "transformers", "esm")
 
 

@@ -404,7 +404,8 @@ def state_dev_solve_rate(state_dir: Path, n_puzzles: int, device: str | torch.de
     """Sequential confidence-ordered solve rate of a run's current ``state.pt`` on the development set
     `DEV_BEYOND_SINGLES`: ``n_puzzles`` 30-35-clue puzzles that singles do not solve (about 1 in 10 of the zoo's
     30-35-clue puzzles, and where all its failures lie). For comparing runs on that class and choosing among them
-    without looking at the zoo's evaluation puzzles. Making the puzzles takes about 0.1 s each.
+    without looking at the zoo's evaluation puzzles. Making the puzzles takes about 0.1 s each. The set depends on
+    ``n_puzzles`` as a whole (the pool draws all clue counts first), so compare runs at one size (the record's is 200).
 
     Returns:
         ``{"step", "n_puzzles", "n_solved", "solve_rate", "clues", "seed", "failed"}``; ``failed`` lists the indices

@@ -85,6 +85,9 @@ FirstStage = tuple[TrainConfig, CurriculumConfig | None]
 
 
 def _check_stages(train_cfg: TrainConfig, first: FirstStage | None) -> None:
+    if first is not None and not (isinstance(first, tuple) and len(first) == 2 and isinstance(first[0], TrainConfig)
+                                  and (first[1] is None or isinstance(first[1], CurriculumConfig))):
+        raise ValueError(f"first must be a (TrainConfig, CurriculumConfig or None) pair, got {first!r}")
     if first is None:
         if train_cfg.cycle_start:
             raise ValueError(f"a training cycle from step {train_cfg.cycle_start} continues a first stage; pass first="
@@ -107,7 +110,8 @@ def sudoku_mdm_dir(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig, root: Pat
     continues, ``train_cfg.cycle_start`` > 0, see `load_or_train_sudoku_mdm`).
 
     Raises:
-        ValueError: ``first`` missing for a second cycle, given for a first one, or not ``cycle_start`` steps long.
+        ValueError: ``first`` missing for a second cycle, given for a first one, not a (TrainConfig, CurriculumConfig
+            or None) pair, or not ``cycle_start`` steps long.
     """
     _check_stages(train_cfg, first)
     cfg = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "data": sd.GENERATOR_ID,
@@ -185,7 +189,9 @@ def load_or_train_sudoku_mdm(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig,
     refuse_training(d, "Sudoku MDM")
     state = d / "train_state.pt"
     continues = None
-    if first is not None:
+    if first is not None and state.exists():  # a second stage resuming: its source was recorded when it began
+        continues = json.loads((d / "continues.json").read_text()) if (d / "continues.json").is_file() else None
+    elif first is not None:
         load_or_train_sudoku_mdm(model_cfg, first[0], device=device, n_eval=n_eval, progress=progress, root=root,
                                  curriculum=first[1], keep_state=True)
         d1 = sudoku_mdm_dir(model_cfg, first[0], root, first[1], create=False)
@@ -194,10 +200,10 @@ def load_or_train_sudoku_mdm(model_cfg: SudokuMDMConfig, train_cfg: TrainConfig,
             raise FileNotFoundError(f"{d1} holds the first stage's model but not its final training state, which the "
                                     f"second stage continues; delete {d1} to retrain it")
         continues = {"artifact": d1.name, "state_sha256": file_sha256(src)}
-        if not state.exists():
-            st = load_checkpoint(src)
-            st["train_config"] = json.dumps(train_cfg.to_dict())  # the same state, trained on under this schedule
-            atomic_save(st, state)
+        (d / "continues.json").write_text(json.dumps(continues) + "\n")  # before the state: a crash redoes both
+        st = load_checkpoint(src)
+        st["train_config"] = json.dumps(train_cfg.to_dict())  # the same state, trained on under this schedule
+        atomic_save(st, state)
     torch.manual_seed(train_cfg.seed)
     model = SudokuMDM(model_cfg).to(dev)
     sample = sudoku_batch if curriculum is None else curriculum_batch(
