@@ -497,13 +497,6 @@ def fill_singles(grid) -> np.ndarray:
         raise SudokuError("the grid breaks a rule; singles are defined on a consistent grid")
     rows, cols, boxes = [0] * 9, [0] * 9, [0] * 9
     RCB = _RCB
-    for i, v in enumerate(g):
-        if v:
-            r, c, b = RCB[i]
-            bit = 1 << (v - 1)
-            rows[r] |= bit
-            cols[c] |= bit
-            boxes[b] |= bit
     units = _UNIT_LISTS
 
     def place(i: int, d: int) -> None:
@@ -513,6 +506,10 @@ def fill_singles(grid) -> np.ndarray:
         rows[r] |= bit
         cols[c] |= bit
         boxes[b] |= bit
+
+    for i, v in enumerate(list(g)):  # the givens
+        if v:
+            place(i, v)
 
     changed = True
     while changed:
