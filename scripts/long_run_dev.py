@@ -35,16 +35,7 @@ from mimdm.app.profiles import get_profile  # noqa: E402
 from mimdm.core.artifacts import git_commit  # noqa: E402
 from mimdm.data.curriculum import CurriculumConfig, build_pool  # noqa: E402
 from mimdm.experiments.speedup import chapter_sets  # noqa: E402
-from mimdm.pipelines.long_run import DEV_BEYOND_SINGLES, RUNS, load_state_model  # noqa: E402
-from mimdm.pipelines.zoo import grids_to_tokens, tokens_to_grids  # noqa: E402
-from mimdm.sampling.decoding import Sequential, decode  # noqa: E402
-
-
-def solved_mask(model, puzzles: np.ndarray, solutions: np.ndarray) -> np.ndarray:
-    """``[N]`` bool: which puzzles sequential confidence-ordered decoding solves exactly."""
-    with torch.no_grad():
-        res = decode(model, grids_to_tokens(puzzles, model.device), Sequential("confidence"))
-    return (tokens_to_grids(res.tokens) == solutions).all(axis=1)
+from mimdm.pipelines.long_run import DEV_BEYOND_SINGLES, RUNS, load_state_model, solved_mask  # noqa: E402
 
 
 def paired(ref: np.ndarray, other: np.ndarray) -> dict:

@@ -91,6 +91,8 @@ def test_beyond_singles_pool_holds_only_puzzles_singles_do_not_solve(tmp_path, m
     assert not all((sd.fill_singles(p) == 0).any() for p in plain.puzzles)  # unfiltered: most are singles-solvable
     # the flag enters the config's identity only when set: older pools, runs and artifact keys keep theirs
     assert "beyond_singles" not in SMALL_POOL.to_dict() and cfg.to_dict()["beyond_singles"] is True
+    assert CurriculumConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert CurriculumConfig.from_dict(json.loads(json.dumps(SMALL_POOL.to_dict()))) == SMALL_POOL
     with pytest.raises(ValueError, match="another configuration"):
         load_or_build_pool(replace(cfg, beyond_singles=False), tmp_path / "hard.npz", progress=False)
     with pytest.raises(ValueError, match="must be a bool"):

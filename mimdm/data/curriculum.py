@@ -48,6 +48,11 @@ class CurriculumConfig:
         if not isinstance(self.beyond_singles, bool):
             raise ValueError(f"CurriculumConfig.beyond_singles must be a bool, got {self.beyond_singles!r}")
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "CurriculumConfig":
+        """The config of a `to_dict` result (e.g. read back from a run's ``config.json``)."""
+        return cls(**{**d, "clues": tuple(d["clues"])})
+
     def to_dict(self) -> dict:
         """The config as JSON-ready data; ``beyond_singles`` only when set, so the pools, runs and artifact keys
         of configs made before it existed keep their identity."""

@@ -165,14 +165,18 @@ def run_curves(root: Path | None = None) -> dict[str, dict]:
     return out
 
 
-def solve_rate_on(model: SudokuMDM, puzzles: list[sd.Puzzle]) -> float:
-    """Fraction of ``puzzles`` solved exactly by sequential confidence-ordered decoding (fp32, no grad)."""
-
-    grids = np.stack([p.puzzle for p in puzzles])
+def solved_mask(model: SudokuMDM, puzzles_N81: np.ndarray, solutions_N81: np.ndarray) -> np.ndarray:
+    """``[N]`` bool: which puzzles (``[N, 81]`` givens, 0 = blank) sequential confidence-ordered decoding (fp32, no
+    grad) completes to exactly their ``[N, 81]`` solutions."""
     with torch.no_grad():
-        res = decode(model, grids_to_tokens(grids, model.device), Sequential("confidence"))
-    out = tokens_to_grids(res.tokens)
-    return float(np.mean([np.array_equal(o, p.solution) for o, p in zip(out, puzzles)]))
+        res = decode(model, grids_to_tokens(puzzles_N81, model.device), Sequential("confidence"))
+    return (tokens_to_grids(res.tokens) == solutions_N81).all(axis=1)
+
+
+def solve_rate_on(model: SudokuMDM, puzzles: list[sd.Puzzle]) -> float:
+    """Fraction of ``puzzles`` solved exactly by sequential confidence-ordered decoding (`solved_mask`)."""
+    return float(np.mean(solved_mask(model, np.stack([p.puzzle for p in puzzles]),
+                                     np.stack([p.solution for p in puzzles]))))
 
 
 _README = """# Long `cpu` Sudoku MDM run `{run}` (issue 20)
@@ -420,9 +424,8 @@ def state_dev_solve_rate(state_dir: Path, n_puzzles: int, device: str | torch.de
     model, step = load_state_model(state_dir, device)
     clues, seed = DEV_BEYOND_SINGLES
     pool = build_pool(CurriculumConfig(pool_size=n_puzzles, clues=clues, seed=seed, beyond_singles=True), progress)
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        res = decode(model, grids_to_tokens(pool.puzzles, model.device), Sequential("confidence"))
-    solved = (tokens_to_grids(res.tokens) == pool.solutions).all(axis=1)
+    with torch.random.fork_rng(devices=[]):
+        solved = solved_mask(model, pool.puzzles, pool.solutions)
     return {"step": step, "n_puzzles": n_puzzles, "n_solved": int(solved.sum()), "solve_rate": float(solved.mean()),
             "clues": list(clues), "seed": seed, "failed": np.flatnonzero(~solved).tolist()}
 
@@ -478,7 +481,7 @@ def adopt(state_dir: Path, n_eval: int, root: Path | None = None) -> Path:
     cfg = json.loads((state_dir / "config.json").read_text())
     model_cfg, train_cfg = SudokuMDMConfig(**cfg["model"]), TrainConfig(**cfg["train"])
     cur = cfg["curriculum"]
-    curriculum = CurriculumConfig(**{**cur, "clues": tuple(cur["clues"])})
+    curriculum = CurriculumConfig.from_dict(cur)
     ck = load_checkpoint(src)
     model, _ = load_sudoku_mdm(src)
     ev = solve_rate(model, n_eval)
@@ -488,12 +491,11 @@ def adopt(state_dir: Path, n_eval: int, root: Path | None = None) -> Path:
     if cfg.get("continues"):  # the zoo's key of a second cycle names its first stage's configuration
         parent = json.loads((state_dir.parent / cfg["continues"]["folder"] / "config.json").read_text())
         pc = parent.get("curriculum")
-        first = (TrainConfig(**parent["train"]),
-                 None if pc is None else CurriculumConfig(**{**pc, "clues": tuple(pc["clues"])}))
+        first = (TrainConfig(**parent["train"]), None if pc is None else CurriculumConfig.from_dict(pc))
     d = sudoku_mdm_dir(model_cfg, train_cfg, root, curriculum, first=first)
     atomic_save({**ck, "eval": json.dumps(ev), "trained_on": json.dumps(trained_on)}, d / "model.pt")
     return d / "model.pt"
 
 
 __all__ = ["CONTINUES", "DEV_BEYOND_SINGLES", "EVAL_SETS", "RUNS", "adopt", "batch256_run_configs", "deep24_run_configs", "deep32_run_configs", "hard30_run_configs", "load_state_model", "long_run_configs", "relation24_run_configs",
-           "relation_run_configs", "read_curve", "run_curves", "run_long_training", "solve_rate_on", "state_dev_solve_rate", "state_solve_rate"]
+           "relation_run_configs", "read_curve", "run_curves", "run_long_training", "solve_rate_on", "solved_mask", "state_dev_solve_rate", "state_solve_rate"]
